@@ -1,0 +1,236 @@
+package wire
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Size limits of a turn, enforced by the edge (HTTP) and the brain (NATS).
+const (
+	MaxTurnBytes       = 256 << 10
+	MaxWorkItemIDBytes = 512
+	MaxTurn            = 100_000
+	MaxBodyBytes       = 128 << 10
+	MaxSubjectBytes    = 2_000
+	MaxDetailBytes     = 8 << 10
+)
+
+// NATS headers the brain sets on a turn's reply.
+const (
+	// HeaderFingerprint carries the fingerprint of the request the reply answers,
+	// so an edge that finds a stored reply can tell whether it answers its payload.
+	HeaderFingerprint = "Brain-Request-Fingerprint"
+	// HeaderTurnSeq carries the TURNS stream sequence of the message answered.
+	HeaderTurnSeq = "Brain-Turn-Seq"
+	// HeaderStatus is "ok" for a decision and "error" for an ErrorReply.
+	HeaderStatus = "Brain-Status"
+)
+
+// Values of HeaderStatus.
+const (
+	StatusOK    = "ok"
+	StatusError = "error"
+)
+
+// WorkItemStatus is the state of a work item after a turn.
+type WorkItemStatus string
+
+const (
+	WorkItemStatusOpen             WorkItemStatus = "open"
+	WorkItemStatusAwaitingApproval WorkItemStatus = "awaiting_approval"
+	WorkItemStatusEscalated        WorkItemStatus = "escalated"
+	WorkItemStatusHalted           WorkItemStatus = "halted"
+	WorkItemStatusClosed           WorkItemStatus = "closed"
+	WorkItemStatusClosedManual     WorkItemStatus = "closed_manual"
+)
+
+// Outcome is what n8n reports about the action it executed.
+type Outcome string
+
+const (
+	OutcomeSucceeded    Outcome = "succeeded"
+	OutcomeFailed       Outcome = "failed"
+	OutcomeUnknown      Outcome = "unknown"       // n8n cannot tell whether the effect landed
+	OutcomeClosedManual Outcome = "closed_manual" // a human already did it; see HumanAction
+)
+
+// TurnSubmitRequest is one turn, as n8n posts it to the edge and as the edge
+// publishes it to the brain.
+type TurnSubmitRequest struct {
+	WorkItemID string `json:"work_item_id"`
+	Turn       int    `json:"turn"`
+	// TenantID is optional. The tenant is the NATS account; when present and
+	// different, the turn is rejected.
+	TenantID     string        `json:"tenant_id,omitempty"`
+	Email        *Email        `json:"email,omitempty"`
+	LatestResult *LatestResult `json:"latest_result,omitempty"`
+}
+
+// Email is the work item of the email triage engine.
+type Email struct {
+	MessageID  string     `json:"message_id,omitempty"`
+	ThreadID   string     `json:"thread_id,omitempty"`
+	From       string     `json:"from"`
+	To         []string   `json:"to,omitempty"`
+	Cc         []string   `json:"cc,omitempty"`
+	Subject    string     `json:"subject"`
+	Body       string     `json:"body"`
+	ReceivedAt *time.Time `json:"received_at,omitempty"`
+}
+
+// LatestResult is the outcome of the action the previous turn proposed.
+type LatestResult struct {
+	Action  string  `json:"action"`
+	Outcome Outcome `json:"outcome"`
+	Detail  string  `json:"detail,omitempty"`
+	// HumanAction is required with OutcomeClosedManual: what the human did.
+	HumanAction *HumanAction `json:"human_action,omitempty"`
+}
+
+// HumanAction records what a human did outside the loop.
+type HumanAction struct {
+	Kind string     `json:"kind"` // e.g. "replied", "created_job"
+	Text string     `json:"text,omitempty"`
+	At   *time.Time `json:"at,omitempty"`
+}
+
+// TurnSubmitReply is the decision envelope.
+type TurnSubmitReply struct {
+	WorkItemID       string         `json:"work_item_id"`
+	Turn             int            `json:"turn"`
+	NextTurn         int            `json:"next_turn"`
+	Replayed         bool           `json:"replayed"`
+	CatalogueVersion int            `json:"catalogue_version"`
+	Status           WorkItemStatus `json:"status"`
+	// Reason says why the item is escalated, halted or closed.
+	Reason     string     `json:"reason,omitempty"`
+	Assessment Assessment `json:"assessment"`
+	Action     *Action    `json:"action"`
+}
+
+// Assessment is what the brain concluded about the item.
+type Assessment struct {
+	Category   string  `json:"category"`
+	Priority   string  `json:"priority"`
+	Confidence float64 `json:"confidence"`
+	// Source is "rule", "model", or "carried" (unchanged from an earlier turn).
+	Source string `json:"source"`
+	Rule   string `json:"rule,omitempty"`
+}
+
+// Action is what should happen next in the outside world, from the catalogue.
+type Action struct {
+	Name             string          `json:"name"`
+	Params           json.RawMessage `json:"params"`
+	RequiresApproval bool            `json:"requires_approval"`
+	ApprovalID       string          `json:"approval_id,omitempty"`
+}
+
+// Fingerprint identifies a request's content: the same logical request always
+// has the same fingerprint, whatever whitespace or key order it arrived with.
+func Fingerprint(r *TurnSubmitRequest) string {
+	b, err := json.Marshal(r)
+	if err != nil {
+		panic(fmt.Sprintf("marshal decoded turn: %v", err)) // cannot happen for this type
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// MarkReplayed returns a stored reply with replayed set to true. Every replay
+// of the same stored reply is byte-identical.
+func MarkReplayed(stored []byte) ([]byte, error) {
+	var r TurnSubmitReply
+	if err := json.Unmarshal(stored, &r); err != nil {
+		return nil, fmt.Errorf("decode stored reply: %w", err)
+	}
+	r.Replayed = true
+	return json.Marshal(&r)
+}
+
+// DecodeTurnSubmitRequest decodes and validates a turn strictly.
+func DecodeTurnSubmitRequest(data []byte) (*TurnSubmitRequest, error) {
+	if len(data) > MaxTurnBytes {
+		return nil, &Error{Code: CodeInvalid, Reason: ReasonTooLarge,
+			Message: fmt.Sprintf("turn is %d bytes, the limit is %d", len(data), MaxTurnBytes)}
+	}
+	var r TurnSubmitRequest
+	if err := Decode(data, &r); err != nil {
+		return nil, ErrorOf(err)
+	}
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Validate checks the rules a well-formed turn must follow.
+func (r *TurnSubmitRequest) Validate() error {
+	switch {
+	case r.WorkItemID == "":
+		return invalidField("work_item_id", "is required")
+	case len(r.WorkItemID) > MaxWorkItemIDBytes:
+		return invalidField("work_item_id", fmt.Sprintf("is longer than %d bytes", MaxWorkItemIDBytes))
+	case hasControl(r.WorkItemID):
+		return invalidField("work_item_id", "contains control characters")
+	case r.Turn < 1 || r.Turn > MaxTurn:
+		return invalidField("turn", fmt.Sprintf("must be between 1 and %d", MaxTurn))
+	case len(r.TenantID) > 128:
+		return invalidField("tenant_id", "is longer than 128 bytes")
+	case r.Turn == 1 && r.Email == nil:
+		return invalidField("email", "is required on turn 1: it is the work item")
+	case r.Turn == 1 && r.LatestResult != nil:
+		return invalidField("latest_result", "must be absent on turn 1: no action was proposed yet")
+	}
+	if e := r.Email; e != nil {
+		switch {
+		case strings.TrimSpace(e.From) == "":
+			return invalidField("email.from", "is required")
+		case len(e.From) > 512 || hasControl(e.From):
+			return invalidField("email.from", "is not a plausible address")
+		case len(e.Subject) > MaxSubjectBytes:
+			return invalidField("email.subject", fmt.Sprintf("is longer than %d bytes", MaxSubjectBytes))
+		case len(e.Body) > MaxBodyBytes:
+			return invalidField("email.body", fmt.Sprintf("is longer than %d bytes", MaxBodyBytes))
+		case len(e.To)+len(e.Cc) > 200:
+			return invalidField("email.to", "has more than 200 recipients with cc")
+		}
+	}
+	if lr := r.LatestResult; lr != nil {
+		switch lr.Outcome {
+		case OutcomeSucceeded, OutcomeFailed, OutcomeUnknown, OutcomeClosedManual:
+		default:
+			return invalidField("latest_result.outcome", "must be one of succeeded, failed, unknown, closed_manual")
+		}
+		switch {
+		case lr.Action == "":
+			return invalidField("latest_result.action", "is required: the action whose outcome this is")
+		case len(lr.Detail) > MaxDetailBytes:
+			return invalidField("latest_result.detail", fmt.Sprintf("is longer than %d bytes", MaxDetailBytes))
+		case lr.Outcome == OutcomeClosedManual && lr.HumanAction == nil:
+			return invalidField("latest_result.human_action", "is required with outcome closed_manual")
+		case lr.HumanAction != nil && lr.HumanAction.Kind == "":
+			return invalidField("latest_result.human_action.kind", "is required")
+		}
+	}
+	return nil
+}
+
+func invalidField(field, problem string) *Error {
+	return &Error{Code: CodeInvalid, Field: field, Message: field + " " + problem}
+}
+
+func hasControl(s string) bool {
+	for _, r := range s {
+		if unicode.IsControl(r) || r == utf8.RuneError {
+			return true
+		}
+	}
+	return false
+}
