@@ -15,6 +15,15 @@ CREATE TABLE work_items (
     catalogue_version integer NOT NULL,
     approval_mode     text NOT NULL CHECK (approval_mode IN ('review_app', 'mailbox')),
     email             jsonb,
+    -- The action the last turn proposed and where it stands:
+    -- pending (awaiting approval) → sent (handed to n8n) → unknown → verifying → succeeded | failed.
+    last_action       text,
+    last_action_params jsonb,
+    action_state      text CHECK (action_state IN ('pending', 'sent', 'unknown', 'verifying', 'succeeded', 'failed')),
+    -- How the item ended: succeeded, failed, closed_manual, expired, halted.
+    outcome           text,
+    human_action      jsonb,
+    closed_at         timestamptz,
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now()
 );

@@ -174,8 +174,9 @@ const (
 	// RoleEdge may publish turns, request results and API calls, and
 	// subscribe to replies, events and its inboxes. Nothing else.
 	RoleEdge
-	// RoleSystem is the system account's operator user (no restrictions).
-	RoleSystem
+	// RoleUnrestricted has no permission limits: the system account's
+	// operator user, and in tests an attacker who controls its own account.
+	RoleUnrestricted
 )
 
 // Permissions returns the permissions of a role.

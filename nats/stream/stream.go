@@ -143,3 +143,6 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Co
 	}
 	return cons, nil
 }
+
+// AckWaitOrDefault is the consumer's ack wait after defaults.
+func (c Config) AckWaitOrDefault() time.Duration { return c.withDefaults().AckWait }

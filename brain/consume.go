@@ -1,0 +1,165 @@
+package brain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+
+	"n8nbrain/brain/internal/turn"
+	"n8nbrain/registry"
+	"n8nbrain/subjects"
+	"n8nbrain/wire"
+)
+
+// Every subject the brain answers, in one place:
+//
+//	brain.turn.<account>.<key>    TURNS stream, shared durable pull consumer "brain"  → handleTurn
+//
+// and every subject it publishes:
+//
+//	brain.reply.<account>.<key>   stored in RESULTS and pushed live to the tenant's reply.<key>
+//
+// <account> is written by the NATS server (account token position 3): it is
+// the only source of the tenant's identity.
+
+// consumeTurns starts consuming TURNS with at most cfg.Workers turns in
+// flight on this replica.
+func (b *brain) consumeTurns(ctx context.Context, cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
+	slots := make(chan struct{}, b.cfg.Workers)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		slots <- struct{}{} // back-pressure: stop pulling while every worker is busy
+		b.inflight.Add(1)
+		go func() {
+			defer func() { <-slots; b.inflight.Done() }()
+			// A turn finishes even when shutdown starts (bounded by the grace).
+			b.handleTurn(context.WithoutCancel(ctx), m)
+		}()
+	},
+		jetstream.PullMaxMessages(b.cfg.Workers),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+				b.log.Warn("turn consumer", "error", err)
+			}
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", subjects.TurnsStream, err)
+	}
+	return cc, nil
+}
+
+func (b *brain) handleTurn(ctx context.Context, m jetstream.Msg) {
+	start := time.Now()
+	md, err := m.Metadata()
+	if err != nil {
+		b.log.Error("turn without JetStream metadata; terminated", "error", err)
+		_ = m.Term()
+		return
+	}
+	account, key, err := subjects.ParseTurn(m.Subject())
+	if err == nil && !nkeys.IsValidPublicAccountKey(account) {
+		err = fmt.Errorf("token 3 is not an account public key")
+	}
+	if err != nil {
+		// Only the tenant imports publish here, so this is a misconfiguration;
+		// there is no valid reply subject to answer on.
+		b.log.Error("turn on a malformed subject; terminated", "error", err, "stream_seq", md.Sequence.Stream)
+		_ = m.TermWithReason("malformed subject")
+		return
+	}
+	log := b.log.With("turn_key", key, "stream_seq", md.Sequence.Stream, "delivered", md.NumDelivered)
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.TurnTimeout)
+	defer cancel()
+
+	var ans turn.Answer
+	t, ok := b.dir.ByAccount(account)
+	switch {
+	case !ok:
+		log.Warn("turn from an account the registry does not know; rejected", "account", account)
+		ans = b.proc.Refuse(m.Data(), &wire.Error{Code: wire.CodeForbidden, Reason: wire.ReasonUnknownTenant,
+			Message: "this NATS account is not a tenant of the brain"})
+	case t.Status != registry.TenantStatusActive:
+		log.Warn("turn from a disabled tenant; rejected", "tenant_id", t.ID)
+		ans = b.proc.Refuse(m.Data(), &wire.Error{Code: wire.CodeForbidden, Reason: wire.ReasonTenantDisabled,
+			Message: "the tenant is disabled"})
+	default:
+		log = log.With("tenant_id", t.ID)
+		stop := keepAlive(m, b.cfg.Streams)
+		ans, err = b.proc.Process(ctx, t, turn.Message{Key: key, Seq: md.Sequence.Stream, Data: m.Data()})
+		stop()
+		if errors.Is(err, turn.ErrCrash) {
+			log.Warn("turn abandoned by a test hook", "error", err)
+			return
+		}
+		if err != nil {
+			if int(md.NumDelivered) < b.cfg.MaxDeliveries {
+				delay := redeliveryDelay(md.NumDelivered)
+				log.Warn("turn failed; will be retried", "error", err, "retry_in", delay.String())
+				_ = m.NakWithDelay(delay)
+				return
+			}
+			log.Error("turn keeps failing; answered unavailable", "error", err)
+			ans = b.proc.Refuse(m.Data(), &wire.Error{Code: wire.CodeUnavailable, RetryAfter: 30,
+				Message: "the brain could not decide this turn now; submit the same turn again later"})
+		}
+	}
+	if err := b.publishReply(ctx, account, key, md.Sequence.Stream, ans); err != nil {
+		log.Warn("publish reply failed; turn will be redelivered", "error", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if err := m.Ack(); err != nil {
+		// The reply is stored; a redelivery replays it from the database.
+		log.Warn("ack turn", "error", err)
+	}
+	log.Info("turn answered", "turn", ans.Turn, "ok", ans.OK, "replayed", ans.Replayed,
+		"duration_ms", float64(time.Since(start).Microseconds())/1000)
+}
+
+// publishReply stores the answer in RESULTS (one per subject) and, through
+// the stream export, pushes it live to the tenant's reply.<key>.
+func (b *brain) publishReply(ctx context.Context, account, key string, seq uint64, ans turn.Answer) error {
+	msg := nats.NewMsg(subjects.Reply(account, key))
+	msg.Data = ans.Body
+	status := wire.StatusOK
+	if !ans.OK {
+		status = wire.StatusError
+	}
+	msg.Header.Set(wire.HeaderStatus, status)
+	msg.Header.Set(wire.HeaderFingerprint, ans.Fingerprint)
+	msg.Header.Set(wire.HeaderTurnSeq, strconv.FormatUint(seq, 10))
+	_, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID("reply."+key+"."+strconv.FormatUint(seq, 10)))
+	return err
+}
+
+// keepAlive tells JetStream the turn is still being worked on, so a long
+// model call is not mistaken for a dead replica. It returns a stop function.
+func keepAlive(m jetstream.Msg, sc interface{ AckWaitOrDefault() time.Duration }) func() {
+	every := sc.AckWaitOrDefault() / 3
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = m.InProgress()
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// redeliveryDelay backs off transient failures: 1s, 2s, 4s … capped at 30s.
+func redeliveryDelay(delivered uint64) time.Duration {
+	d := time.Second << min(delivered-1, 5)
+	return min(d, 30*time.Second)
+}

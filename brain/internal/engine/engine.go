@@ -1,0 +1,398 @@
+// Package engine is the Capture engine: it decides what should happen next to
+// a work item. Its first stage is deterministic (triage rules from tenant
+// configuration, and the bookkeeping of outcomes n8n reports); a model stage
+// slots in behind the Model interface. Whatever a stage proposes passes one
+// gate, admit, before it can leave the engine: the action must exist in the
+// item's pinned catalogue version, be enabled for the tenant, and have valid
+// parameters; requires_approval always comes from the catalogue.
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"n8nbrain/catalogue"
+	"n8nbrain/registry"
+	"n8nbrain/wire"
+)
+
+// Escalation and closing reasons, stable strings on the wire and in the database.
+const (
+	ReasonNoRuleMatched        = "no_rule_matched"
+	ReasonRuleActionNotEnabled = "rule_action_not_enabled"
+	ReasonActionNotAdmitted    = "action_not_admitted"
+	ReasonActionFailed         = "action_failed"
+	ReasonVerificationFailed   = "verification_failed"
+	ReasonTurnCeiling          = "turn_ceiling"
+	ReasonAwaitingHuman        = "awaiting_human"
+	ReasonApprovalRejected     = "approval_rejected"
+	ReasonApprovalExpired      = "approval_expired"
+	ReasonClosedManual         = "closed_manual"
+	ReasonModelUnavailable     = "model_unavailable"
+	ReasonBudgetExhausted      = "budget_exhausted"
+	ReasonModelOutputInvalid   = "model_output_invalid"
+)
+
+// ConfidentRule is the rule confidence at and above which a rule match
+// decides alone, without the model.
+const ConfidentRule = 0.8
+
+// ActionState mirrors store.ActionState without importing the store.
+type ActionState string
+
+const (
+	ActionStatePending   ActionState = "pending"
+	ActionStateSent      ActionState = "sent"
+	ActionStateVerifying ActionState = "verifying"
+	ActionStateSucceeded ActionState = "succeeded"
+	ActionStateFailed    ActionState = "failed"
+)
+
+// Item is what the engine knows of a work item before the turn.
+type Item struct {
+	ID               string
+	New              bool // no turn decided yet
+	Status           wire.WorkItemStatus
+	Assessment       wire.Assessment
+	CatalogueVersion catalogue.Version
+	ApprovalMode     registry.ApprovalMode
+	Email            *wire.Email
+	LastAction       catalogue.Name
+	LastActionParams json.RawMessage
+	ActionState      ActionState
+	// Approval is the approval record of the last proposed action, if any.
+	Approval *Approval
+}
+
+// ApprovalStatus is the state of an approval record.
+type ApprovalStatus string
+
+const (
+	ApprovalStatusPending  ApprovalStatus = "pending"
+	ApprovalStatusApproved ApprovalStatus = "approved"
+	ApprovalStatusRejected ApprovalStatus = "rejected"
+	ApprovalStatusExpired  ApprovalStatus = "expired"
+)
+
+// Approval is what the engine needs of an approval record.
+type Approval struct {
+	ID     string
+	Status ApprovalStatus
+	// ApprovedSHA256 is the hash of the text a human approved (after any edit).
+	ApprovedSHA256 string
+	ProposedAt     time.Time
+}
+
+// Input is one turn's input.
+type Input struct {
+	Tenant  *registry.Tenant
+	Item    Item
+	Turn    int
+	Request *wire.TurnSubmitRequest
+}
+
+// Proposal is an admitted action: it exists, is enabled, has valid params.
+type Proposal struct {
+	Action catalogue.Action
+	Params json.RawMessage
+}
+
+// Outcome is the engine's decision for a turn.
+type Outcome struct {
+	Assessment  wire.Assessment
+	Action      *Proposal // nil: update the item and stop
+	Status      wire.WorkItemStatus
+	Reason      string
+	NeedsHuman  bool
+	ActionState ActionState
+	// ItemOutcome is set when the item ends: succeeded, failed, closed_manual.
+	ItemOutcome string
+	HumanAction *wire.HumanAction
+}
+
+// Model is the model stage the engine calls when no confident rule decides.
+// A nil Model means rules only: such items are escalated.
+type Model interface {
+	Triage(ctx context.Context, in *Input, cp Checkpoints) (Outcome, error)
+}
+
+// Checkpoints stores finished steps of the current turn so a re-driven turn
+// resumes after the last finished step.
+type Checkpoints interface {
+	Load(ctx context.Context, step string) ([]byte, bool, error)
+	Save(ctx context.Context, step string, output []byte) error
+}
+
+// Engine decides turns.
+type Engine struct {
+	model Model
+}
+
+// New returns an engine; model may be nil (rules only).
+func New(model Model) *Engine { return &Engine{model: model} }
+
+// InvalidInputError is a problem with the request that only the engine can
+// see (it needs the item's state); it becomes a wire invalid error.
+type InvalidInputError struct {
+	Field   string
+	Message string
+}
+
+func (e *InvalidInputError) Error() string { return e.Field + ": " + e.Message }
+
+// Decide runs the engine for one turn.
+func (e *Engine) Decide(ctx context.Context, in *Input, cp Checkpoints) (Outcome, error) {
+	if in.Item.New {
+		return e.triage(ctx, in, cp)
+	}
+	if lr := in.Request.LatestResult; lr != nil {
+		return e.onResult(in, lr)
+	}
+	return e.onResume(in), nil
+}
+
+// triage assesses a new item: a confident rule decides alone; otherwise the
+// model stage runs, or, without a model, the item goes to a human.
+func (e *Engine) triage(ctx context.Context, in *Input, cp Checkpoints) (Outcome, error) {
+	rule := matchRule(in.Tenant.Rules, in.Item.Email)
+	if rule != nil && (rule.Confidence >= ConfidentRule || e.model == nil) {
+		return e.fromRule(in, rule), nil
+	}
+	if e.model == nil {
+		return Escalate(in, unassessed(), ReasonNoRuleMatched), nil
+	}
+	out, err := e.model.Triage(ctx, in, cp)
+	if err != nil {
+		return Outcome{}, err
+	}
+	return e.guard(in, out), nil
+}
+
+func (e *Engine) fromRule(in *Input, r *registry.Rule) Outcome {
+	a := wire.Assessment{Category: r.Category, Priority: r.Priority, Confidence: r.Confidence, Source: "rule", Rule: r.Name}
+	if r.Action == "" {
+		return Outcome{Assessment: a, Status: wire.WorkItemStatusOpen}
+	}
+	p, err := Admit(in.Tenant, in.Item.CatalogueVersion, r.Action, r.Params)
+	if err != nil {
+		return Escalate(in, a, ReasonRuleActionNotEnabled)
+	}
+	return proposed(a, p)
+}
+
+// guard re-admits whatever a model stage proposed: a stage that forgot to
+// admit, or a double that returns anything, still cannot leave the closed set.
+func (e *Engine) guard(in *Input, out Outcome) Outcome {
+	if out.Action == nil {
+		return out
+	}
+	p, err := Admit(in.Tenant, in.Item.CatalogueVersion, out.Action.Action.Name, out.Action.Params)
+	if err != nil {
+		return Escalate(in, out.Assessment, ReasonActionNotAdmitted)
+	}
+	out.Action = &p
+	if p.Action.RequiresApproval {
+		out.Status = wire.WorkItemStatusAwaitingApproval
+		out.ActionState = ActionStatePending
+	} else if out.ActionState == "" || out.ActionState == ActionStatePending {
+		out.ActionState = ActionStateSent
+	}
+	return out
+}
+
+// proposed is the outcome of proposing an admitted action.
+func proposed(a wire.Assessment, p Proposal) Outcome {
+	out := Outcome{Assessment: a, Action: &p, Status: wire.WorkItemStatusOpen, ActionState: ActionStateSent}
+	switch {
+	case p.Action.RequiresApproval:
+		out.Status = wire.WorkItemStatusAwaitingApproval
+		out.ActionState = ActionStatePending
+	case p.Action.Name == catalogue.EscalateItem:
+		out.Status = wire.WorkItemStatusEscalated
+		out.NeedsHuman = true
+	case p.Action.Name == catalogue.CloseItem:
+		out.Status = wire.WorkItemStatusClosed
+	}
+	return out
+}
+
+// AdmitError says why a proposed action may not leave the engine.
+type AdmitError struct {
+	Action  catalogue.Name
+	Problem string
+}
+
+func (e *AdmitError) Error() string { return fmt.Sprintf("action %q not admitted: %s", e.Action, e.Problem) }
+
+// Admit is the only way an action becomes a Proposal: it must exist in the
+// pinned catalogue version, be enabled for the tenant, and its parameters
+// must pass the action's schema (returned in canonical form).
+func Admit(t *registry.Tenant, v catalogue.Version, name catalogue.Name, params json.RawMessage) (Proposal, error) {
+	a, ok := catalogue.Lookup(v, name)
+	if !ok {
+		return Proposal{}, &AdmitError{Action: name, Problem: fmt.Sprintf("not in catalogue version %d", v)}
+	}
+	if !t.ActionEnabled(name) {
+		return Proposal{}, &AdmitError{Action: name, Problem: "not enabled for the tenant"}
+	}
+	canon, err := a.ValidateParams(params)
+	if err != nil {
+		var pe *catalogue.ParamError
+		if errors.As(err, &pe) {
+			return Proposal{}, &AdmitError{Action: name, Problem: pe.Error()}
+		}
+		return Proposal{}, err
+	}
+	return Proposal{Action: a, Params: canon}, nil
+}
+
+// Escalate hands the item to a human with a reason: with escalate_item when
+// the tenant enabled it, otherwise with no action; flagged either way.
+func Escalate(in *Input, a wire.Assessment, reason string) Outcome {
+	out := Outcome{Assessment: a, Status: wire.WorkItemStatusEscalated, Reason: reason, NeedsHuman: true}
+	params, _ := json.Marshal(map[string]string{"reason": reason})
+	if p, err := Admit(in.Tenant, in.Item.CatalogueVersion, catalogue.EscalateItem, params); err == nil {
+		out.Action = &p
+		out.ActionState = ActionStateSent
+	}
+	return out
+}
+
+func unassessed() wire.Assessment {
+	return wire.Assessment{Category: "unclassified", Priority: "normal", Confidence: 0, Source: "none"}
+}
+
+func carried(it Item) wire.Assessment {
+	a := it.Assessment
+	a.Source = "carried"
+	return a
+}
+
+// onResult books the outcome n8n reports for the last proposed action and
+// decides the next step without judgement.
+func (e *Engine) onResult(in *Input, lr *wire.LatestResult) (Outcome, error) {
+	it := in.Item
+	a := carried(it)
+	if it.LastAction == "" || catalogue.Name(lr.Action) != it.LastAction {
+		return Outcome{}, &InvalidInputError{Field: "latest_result.action",
+			Message: fmt.Sprintf("reports on %q, but the last proposed action was %q", lr.Action, it.LastAction)}
+	}
+	last := it.LastAction
+	switch lr.Outcome {
+	case wire.OutcomeClosedManual:
+		return Outcome{Assessment: a, Status: wire.WorkItemStatusClosedManual, Reason: ReasonClosedManual,
+			ItemOutcome: string(wire.OutcomeClosedManual), HumanAction: lr.HumanAction, ActionState: ActionStateSucceeded}, nil
+	case wire.OutcomeFailed:
+		out := Escalate(in, a, ReasonActionFailed)
+		if last == catalogue.VerifyReplySent || last == catalogue.VerifyJob {
+			out = Escalate(in, a, ReasonVerificationFailed)
+		}
+		out.ItemOutcome = string(wire.OutcomeFailed)
+		return out, nil
+	case wire.OutcomeUnknown:
+		// Never repeat blindly: ask n8n to read back whether the effect landed.
+		if v, params, ok := verification(last, it.LastActionParams); ok {
+			p, err := Admit(in.Tenant, it.CatalogueVersion, v, params)
+			if err == nil {
+				out := proposed(a, p)
+				out.ActionState = ActionStateVerifying
+				return out, nil
+			}
+		}
+		return Escalate(in, a, ReasonActionFailed), nil
+	}
+	// Succeeded.
+	switch last {
+	case catalogue.SendReply, catalogue.CreateJob, catalogue.VerifyReplySent, catalogue.VerifyJob, catalogue.CloseItem:
+		return Outcome{Assessment: a, Status: wire.WorkItemStatusClosed, Reason: string(last) + "_succeeded",
+			ItemOutcome: string(wire.OutcomeSucceeded), ActionState: ActionStateSucceeded}, nil
+	case catalogue.DraftReply:
+		// Mailbox mode: the draft is in the client's mailbox and a human sends
+		// it; the item waits for n8n's reconciliation (closed_manual).
+		return Outcome{Assessment: a, Status: wire.WorkItemStatusAwaitingApproval, Reason: ReasonAwaitingHuman,
+			NeedsHuman: true, ActionState: ActionStateSucceeded}, nil
+	}
+	return Outcome{Assessment: a, Status: wire.WorkItemStatusEscalated, Reason: ReasonAwaitingHuman,
+		NeedsHuman: true, ActionState: ActionStateSucceeded}, nil
+}
+
+// verification returns the read-back action for an action whose outcome is unknown.
+func verification(last catalogue.Name, params json.RawMessage) (catalogue.Name, json.RawMessage, bool) {
+	var p map[string]any
+	if err := json.Unmarshal(params, &p); err != nil {
+		return "", nil, false
+	}
+	switch last {
+	case catalogue.SendReply:
+		b, _ := json.Marshal(map[string]any{"approval_id": p["approval_id"], "content_sha256": p["content_sha256"]})
+		return catalogue.VerifyReplySent, b, true
+	case catalogue.CreateJob:
+		b, _ := json.Marshal(map[string]any{"external_ref": p["external_ref"]})
+		return catalogue.VerifyJob, b, true
+	}
+	return "", nil, false
+}
+
+// onResume handles a turn without a latest result on an existing item:
+// typically the approval event restarting n8n.
+func (e *Engine) onResume(in *Input) Outcome {
+	it := in.Item
+	a := carried(it)
+	ap := it.Approval
+	if it.Status == wire.WorkItemStatusAwaitingApproval && ap != nil {
+		switch ap.Status {
+		case ApprovalStatusApproved:
+			return e.afterApproval(in, a)
+		case ApprovalStatusRejected:
+			return Escalate(in, a, ReasonApprovalRejected)
+		case ApprovalStatusExpired:
+			return Escalate(in, a, ReasonApprovalExpired)
+		}
+		return Outcome{Assessment: a, Status: wire.WorkItemStatusAwaitingApproval, Reason: ReasonAwaitingHuman,
+			NeedsHuman: true, ActionState: it.ActionState}
+	}
+	return Outcome{Assessment: a, Status: it.Status, Reason: ReasonAwaitingHuman, NeedsHuman: true, ActionState: it.ActionState}
+}
+
+// afterApproval turns an approved draft into the action that executes it.
+func (e *Engine) afterApproval(in *Input, a wire.Assessment) Outcome {
+	it := in.Item
+	ap := it.Approval
+	switch it.LastAction {
+	case catalogue.DraftReply:
+		if it.ApprovalMode == registry.ApprovalModeMailbox {
+			// The human sends from the mailbox; nothing for us to send.
+			return Outcome{Assessment: a, Status: wire.WorkItemStatusAwaitingApproval, Reason: ReasonAwaitingHuman,
+				NeedsHuman: true, ActionState: ActionStateSent}
+		}
+		params, _ := json.Marshal(map[string]string{
+			"approval_id":            ap.ID,
+			"content_sha256":         ap.ApprovedSHA256,
+			"abort_if_replied_since": ap.ProposedAt.UTC().Format(time.RFC3339),
+		})
+		p, err := Admit(in.Tenant, it.CatalogueVersion, catalogue.SendReply, params)
+		if err != nil {
+			return Escalate(in, a, ReasonActionNotAdmitted)
+		}
+		return proposed(a, p)
+	case catalogue.CreateJob:
+		// The approved job itself is executed now.
+		p, err := Admit(in.Tenant, it.CatalogueVersion, catalogue.CreateJob, it.LastActionParams)
+		if err != nil {
+			return Escalate(in, a, ReasonActionNotAdmitted)
+		}
+		out := Outcome{Assessment: a, Action: &p, Status: wire.WorkItemStatusOpen, ActionState: ActionStateSent}
+		return out
+	}
+	return Escalate(in, a, ReasonActionNotAdmitted)
+}
+
+// Halt is the outcome of a turn past the tenant's ceiling: the item stops
+// and is flagged for a human, with no action.
+func Halt(it Item) Outcome {
+	return Outcome{Assessment: carried(it), Status: wire.WorkItemStatusHalted, Reason: ReasonTurnCeiling,
+		NeedsHuman: true, ItemOutcome: "halted", ActionState: it.ActionState}
+}

@@ -1,0 +1,272 @@
+// Package store is the brain's SQL on a tenant database. Every function takes
+// the DBTX to run on (a pool, a connection or a transaction), so the same
+// function runs inside a turn's transaction and in a test. Driver errors are
+// translated here, once: no rows → ErrNotFound, unique violation → ErrConflict.
+//
+// The tenant is not a parameter here because the DBTX is the tenant: it is a
+// connection made with that tenant's own role to that tenant's own database.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"n8nbrain/catalogue"
+	"n8nbrain/registry"
+	"n8nbrain/wire"
+)
+
+// DBTX is what the query functions need.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+var (
+	// ErrNotFound: no such row.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: a concurrent writer got there first (unique key or optimistic check).
+	ErrConflict = errors.New("conflict")
+)
+
+// translate maps driver errors to the package's sentinels.
+func translate(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: %w", what, ErrNotFound)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" {
+		return fmt.Errorf("%s: %w", what, ErrConflict)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// ActionState tracks a proposed action: pending (awaiting approval) → sent
+// (handed to n8n) → unknown → verifying → succeeded | failed.
+type ActionState string
+
+const (
+	ActionStatePending   ActionState = "pending"
+	ActionStateSent      ActionState = "sent"
+	ActionStateUnknown   ActionState = "unknown"
+	ActionStateVerifying ActionState = "verifying"
+	ActionStateSucceeded ActionState = "succeeded"
+	ActionStateFailed    ActionState = "failed"
+)
+
+// WorkItem is a work item's state.
+type WorkItem struct {
+	ID               string
+	Turn             int // last decided turn
+	Status           wire.WorkItemStatus
+	StatusReason     string
+	NeedsHuman       bool
+	Category         string
+	Priority         string
+	Confidence       float64
+	AssessmentSource string
+	CatalogueVersion catalogue.Version
+	ApprovalMode     registry.ApprovalMode
+	Email            *wire.Email
+	LastAction       catalogue.Name
+	LastActionParams json.RawMessage
+	ActionState      ActionState
+	Outcome          string
+	HumanAction      *wire.HumanAction
+	ClosedAt         *time.Time
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+}
+
+const workItemColumns = `id, turn, status, COALESCE(status_reason, ''), needs_human, COALESCE(category, ''),
+	COALESCE(priority, ''), COALESCE(confidence, 0), COALESCE(assessment_source, ''), catalogue_version,
+	approval_mode, email, COALESCE(last_action, ''), last_action_params, COALESCE(action_state, ''),
+	COALESCE(outcome, ''), human_action, closed_at, created_at, updated_at`
+
+func scanWorkItem(row pgx.CollectableRow) (WorkItem, error) {
+	var w WorkItem
+	var conf float32
+	var email, human []byte
+	err := row.Scan(&w.ID, &w.Turn, &w.Status, &w.StatusReason, &w.NeedsHuman, &w.Category, &w.Priority,
+		&conf, &w.AssessmentSource, &w.CatalogueVersion, &w.ApprovalMode, &email, &w.LastAction,
+		&w.LastActionParams, &w.ActionState, &w.Outcome, &human, &w.ClosedAt, &w.CreatedAt, &w.UpdatedAt)
+	if err != nil {
+		return w, err
+	}
+	w.Confidence = float64(conf)
+	if email != nil {
+		w.Email = new(wire.Email)
+		if err := json.Unmarshal(email, w.Email); err != nil {
+			return w, fmt.Errorf("decode email of work item: %w", err)
+		}
+	}
+	if human != nil {
+		w.HumanAction = new(wire.HumanAction)
+		if err := json.Unmarshal(human, w.HumanAction); err != nil {
+			return w, fmt.Errorf("decode human action of work item: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// WorkItemGet returns a work item, or ErrNotFound.
+func WorkItemGet(ctx context.Context, q DBTX, id string) (WorkItem, error) {
+	rows, _ := q.Query(ctx, `SELECT `+workItemColumns+` FROM work_items WHERE id = $1`, id)
+	w, err := pgx.CollectExactlyOneRow(rows, scanWorkItem)
+	return w, translate(err, "get work item")
+}
+
+// Decision is a stored decision: the exact reply bytes and what they answered.
+type Decision struct {
+	WorkItemID  string
+	Turn        int
+	Fingerprint string
+	TurnSeq     uint64
+	Status      wire.WorkItemStatus
+	Action      catalogue.Name
+	Reply       []byte
+	CreatedAt   time.Time
+}
+
+// DecisionGetByTurn returns the decision of a turn, or ErrNotFound.
+func DecisionGetByTurn(ctx context.Context, q DBTX, workItemID string, turn int) (Decision, error) {
+	var d Decision
+	var action *string
+	err := q.QueryRow(ctx, `SELECT work_item_id, turn, fingerprint, turn_seq, status, action, reply, created_at
+		FROM decisions WHERE work_item_id = $1 AND turn = $2`, workItemID, turn).
+		Scan(&d.WorkItemID, &d.Turn, &d.Fingerprint, &d.TurnSeq, &d.Status, &action, &d.Reply, &d.CreatedAt)
+	if action != nil {
+		d.Action = catalogue.Name(*action)
+	}
+	return d, translate(err, "get decision")
+}
+
+// TurnWrite is everything one turn writes, in one transaction.
+type TurnWrite struct {
+	Item     WorkItem // the item's new state; Item.Turn is the decided turn
+	Decision Decision
+	// Extra statements in the same transaction (approval records, outbox
+	// rows); each must affect at least one row.
+	Extra []Statement
+}
+
+// Statement is one SQL statement with its arguments.
+type Statement struct {
+	SQL  string
+	Args []any
+}
+
+// TurnCommit writes a turn in one transaction: it advances the work item
+// from turn Item.Turn-1 (creating it on turn 1), inserts the decision and
+// runs the extra statements. A concurrent writer that advanced the item or
+// decided the turn first makes it return ErrConflict, with nothing written.
+func TurnCommit(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, w TurnWrite) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		it := w.Item
+		var email, human []byte
+		var err error
+		if it.Email != nil {
+			if email, err = json.Marshal(it.Email); err != nil {
+				return err
+			}
+		}
+		if it.HumanAction != nil {
+			if human, err = json.Marshal(it.HumanAction); err != nil {
+				return err
+			}
+		}
+		b := &pgx.Batch{}
+		// Insert on the first turn; otherwise advance only from the previous
+		// turn (optimistic check): 0 rows means somebody else moved the item.
+		b.Queue(`INSERT INTO work_items AS w (id, turn, status, status_reason, needs_human, category, priority,
+				confidence, assessment_source, catalogue_version, approval_mode, email, last_action,
+				last_action_params, action_state, outcome, human_action, closed_at)
+			VALUES ($1, $2, $3, NULLIF($4, ''), $5, NULLIF($6, ''), NULLIF($7, ''), $8, NULLIF($9, ''), $10, $11, $12,
+				NULLIF($13, ''), $14, NULLIF($15, ''), NULLIF($16, ''), $17, $18)
+			ON CONFLICT (id) DO UPDATE SET turn = EXCLUDED.turn, status = EXCLUDED.status,
+				status_reason = EXCLUDED.status_reason, needs_human = EXCLUDED.needs_human,
+				category = EXCLUDED.category, priority = EXCLUDED.priority, confidence = EXCLUDED.confidence,
+				assessment_source = EXCLUDED.assessment_source, email = COALESCE(EXCLUDED.email, w.email),
+				last_action = EXCLUDED.last_action, last_action_params = EXCLUDED.last_action_params,
+				action_state = EXCLUDED.action_state, outcome = EXCLUDED.outcome,
+				human_action = COALESCE(EXCLUDED.human_action, w.human_action),
+				closed_at = EXCLUDED.closed_at, updated_at = now()
+			WHERE w.turn = EXCLUDED.turn - 1`,
+			it.ID, it.Turn, it.Status, it.StatusReason, it.NeedsHuman, it.Category, it.Priority,
+			it.Confidence, it.AssessmentSource, it.CatalogueVersion, it.ApprovalMode, email, string(it.LastAction),
+			nullJSON(it.LastActionParams), string(it.ActionState), it.Outcome, human, it.ClosedAt)
+		d := w.Decision
+		var action *string
+		if d.Action != "" {
+			a := string(d.Action)
+			action = &a
+		}
+		b.Queue(`INSERT INTO decisions (work_item_id, turn, fingerprint, turn_seq, status, action, reply)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`, d.WorkItemID, d.Turn, d.Fingerprint, d.TurnSeq, d.Status, action, d.Reply)
+		for _, s := range w.Extra {
+			b.Queue(s.SQL, s.Args...)
+		}
+		br := tx.SendBatch(ctx, b)
+		tag, err := br.Exec()
+		if err != nil {
+			br.Close()
+			return translate(err, "advance work item")
+		}
+		if tag.RowsAffected() != 1 {
+			br.Close()
+			return fmt.Errorf("advance work item to turn %d: %w", it.Turn, ErrConflict)
+		}
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return translate(err, "insert decision")
+		}
+		for i := range w.Extra {
+			tag, err := br.Exec()
+			if err != nil {
+				br.Close()
+				return translate(err, fmt.Sprintf("turn statement %d", i+1))
+			}
+			if tag.RowsAffected() == 0 {
+				br.Close()
+				return fmt.Errorf("turn statement %d affected no row: %w", i+1, ErrConflict)
+			}
+		}
+		return br.Close()
+	})
+}
+
+func nullJSON(b json.RawMessage) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return []byte(b)
+}
+
+// CheckpointGet returns a finished step's output, or ErrNotFound.
+func CheckpointGet(ctx context.Context, q DBTX, workItemID string, turn int, step string) ([]byte, error) {
+	var out []byte
+	err := q.QueryRow(ctx, `SELECT output FROM step_checkpoints WHERE work_item_id = $1 AND turn = $2 AND step = $3`,
+		workItemID, turn, step).Scan(&out)
+	return out, translate(err, "get checkpoint "+step)
+}
+
+// CheckpointPut saves a finished step's output. Saving a step twice keeps
+// the first output: a re-driven turn must not change what a step concluded.
+func CheckpointPut(ctx context.Context, q DBTX, workItemID string, turn int, step string, output []byte) error {
+	_, err := q.Exec(ctx, `INSERT INTO step_checkpoints (work_item_id, turn, step, output) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (work_item_id, turn, step) DO NOTHING`, workItemID, turn, step, output)
+	return translate(err, "save checkpoint "+step)
+}

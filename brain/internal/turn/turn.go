@@ -1,0 +1,358 @@
+// Package turn runs one turn against a tenant's database: it checks the turn
+// against the work item (replay, reuse, sequence, ceiling), runs the engine,
+// and writes the decision with the item's new state in one transaction. It
+// knows nothing of NATS: the consumer hands it the tenant (already derived
+// from the NATS account) and the message, and publishes what it returns.
+package turn
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"n8nbrain/brain/internal/engine"
+	"n8nbrain/brain/internal/store"
+	"n8nbrain/registry"
+	"n8nbrain/subjects"
+	"n8nbrain/wire"
+)
+
+// Pools gives the pool of a tenant's own database.
+type Pools interface {
+	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
+}
+
+// Extension adds statements to a turn's transaction (approval records,
+// outbox rows) and may amend the reply (approval id).
+type Extension interface {
+	Extend(ctx context.Context, t *registry.Tenant, w *store.TurnWrite, out *engine.Outcome, reply *wire.TurnSubmitReply) error
+}
+
+// ResumeLoader loads what the engine needs about an existing item beyond the
+// work item row (the approval record of the last action).
+type ResumeLoader interface {
+	Approval(ctx context.Context, q store.DBTX, workItemID string) (*engine.Approval, error)
+}
+
+// Hooks are fault-injection points for tests; nil in production. A hook
+// that returns an error makes the turn stop there as if the process died.
+type Hooks struct {
+	// AfterStepFunc runs after an engine step's checkpoint is saved.
+	AfterStepFunc func(tenant registry.TenantID, workItemID string, turn int, step string) error
+	// AfterCommitFunc runs after the turn's transaction commits, before the reply is published.
+	AfterCommitFunc func(tenant registry.TenantID, workItemID string, turn int) error
+}
+
+// ErrCrash wraps a hook's error: the caller must abandon the message (no
+// reply, no ack), exactly as if the process had died at that point.
+var ErrCrash = errors.New("simulated crash")
+
+// Counters are the processor's running totals.
+type Counters struct {
+	Decided        atomic.Int64
+	Replayed       atomic.Int64
+	Rejected       atomic.Int64
+	TenantMismatch atomic.Int64
+	KeyReused      atomic.Int64
+	Halted         atomic.Int64
+}
+
+// Processor runs turns.
+type Processor struct {
+	pools    Pools
+	engine   *engine.Engine
+	ext      Extension
+	resume   ResumeLoader
+	hooks    Hooks
+	log      *slog.Logger
+	Counters Counters
+}
+
+// New returns a processor. ext and resume may be nil.
+func New(pools Pools, eng *engine.Engine, ext Extension, resume ResumeLoader, hooks Hooks, log *slog.Logger) *Processor {
+	return &Processor{pools: pools, engine: eng, ext: ext, resume: resume, hooks: hooks, log: log}
+}
+
+// Answer is what to publish on the turn's reply subject.
+type Answer struct {
+	OK          bool   // a decision (true) or a wire.ErrorReply (false)
+	Body        []byte // exact bytes to publish
+	Fingerprint string // of the request answered; empty if it could not be decoded
+	WorkItemID  string
+	Turn        int
+	Replayed    bool
+}
+
+// Message is a turn as it came off the TURNS stream.
+type Message struct {
+	Key  string // turn key from the subject
+	Seq  uint64 // TURNS stream sequence
+	Data []byte
+}
+
+// Process decides one turn. Problems the caller made (bad payload, wrong
+// sequence, reused key) are answers with OK false. An error return is
+// transient (database down, model down): the message should be retried.
+func (p *Processor) Process(ctx context.Context, t *registry.Tenant, m Message) (Answer, error) {
+	req, err := wire.DecodeTurnSubmitRequest(m.Data)
+	if err != nil {
+		return p.reject(Answer{}, wire.ErrorOf(err)), nil
+	}
+	ans := Answer{Fingerprint: wire.Fingerprint(req), WorkItemID: req.WorkItemID, Turn: req.Turn}
+	if m.Key != subjects.TurnKey(req.WorkItemID, req.Turn) {
+		return p.reject(ans, &wire.Error{Code: wire.CodeInvalid, Reason: wire.ReasonTurnKeyMismatch,
+			Message: "the subject's turn key is not derived from this work_item_id and turn"}), nil
+	}
+	if req.TenantID != "" && registry.TenantID(req.TenantID) != t.ID {
+		// The account decides who the tenant is; a body naming another is
+		// rejected and counted, never reconciled.
+		p.Counters.TenantMismatch.Add(1)
+		p.log.Warn("turn names another tenant than its account; rejected", "tenant_id", t.ID, "turn_key", m.Key)
+		return p.reject(ans, &wire.Error{Code: wire.CodeForbidden, Reason: wire.ReasonTenantMismatch,
+			Message: "tenant_id in the body does not match the tenant of this connection"}), nil
+	}
+	pool, err := p.pools.Pool(ctx, t)
+	if err != nil {
+		return Answer{}, err
+	}
+	// Two attempts: a commit that loses a race re-reads and usually replays.
+	for attempt := 0; attempt < 2; attempt++ {
+		ans, err := p.attempt(ctx, pool, t, req, m, ans)
+		if errors.Is(err, store.ErrConflict) {
+			continue
+		}
+		return ans, err
+	}
+	return Answer{}, fmt.Errorf("turn %d of a work item: lost the commit race twice", req.Turn)
+}
+
+func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry.Tenant, req *wire.TurnSubmitRequest, m Message, ans Answer) (Answer, error) {
+	item, err := store.WorkItemGet(ctx, pool, req.WorkItemID)
+	isNew := errors.Is(err, store.ErrNotFound)
+	if err != nil && !isNew {
+		return Answer{}, err
+	}
+	if !isNew && req.Turn <= item.Turn {
+		return p.replay(ctx, pool, req, m, ans)
+	}
+	expected := item.Turn + 1
+	if req.Turn != expected {
+		return p.reject(ans, &wire.Error{Code: wire.CodeConflict, Reason: wire.ReasonTurnOutOfSequence, ExpectedTurn: expected,
+			Message: fmt.Sprintf("turn %d is out of sequence: the work item expects turn %d", req.Turn, expected)}), nil
+	}
+	if !isNew {
+		switch item.Status {
+		case wire.WorkItemStatusHalted:
+			return p.reject(ans, &wire.Error{Code: wire.CodeUnprocessable, Reason: wire.ReasonItemHalted,
+				Message: "the work item is halted and flagged for a human: " + item.StatusReason}), nil
+		case wire.WorkItemStatusClosed, wire.WorkItemStatusClosedManual:
+			return p.reject(ans, &wire.Error{Code: wire.CodeUnprocessable, Reason: wire.ReasonItemClosed,
+				Message: "the work item is closed (" + string(item.Status) + ")"}), nil
+		}
+	}
+	in, err := p.input(ctx, pool, t, req, item, isNew)
+	if err != nil {
+		return Answer{}, err
+	}
+	var out engine.Outcome
+	if req.Turn > t.TurnCeiling {
+		out = engine.Halt(in.Item)
+		p.Counters.Halted.Add(1)
+	} else {
+		out, err = p.engine.Decide(ctx, in, &checkpoints{q: pool, workItemID: req.WorkItemID, turn: req.Turn, tenant: t.ID, hooks: p.hooks})
+		var iie *engine.InvalidInputError
+		if errors.As(err, &iie) {
+			return p.reject(ans, &wire.Error{Code: wire.CodeInvalid, Field: iie.Field, Message: iie.Error()}), nil
+		}
+		if err != nil {
+			return Answer{}, err
+		}
+	}
+	reply := envelope(req, in, out)
+	w := store.TurnWrite{Item: nextItem(in, item, out, req)}
+	if p.ext != nil {
+		if err := p.ext.Extend(ctx, t, &w, &out, &reply); err != nil {
+			return Answer{}, err
+		}
+	}
+	body, err := json.Marshal(&reply)
+	if err != nil {
+		return Answer{}, fmt.Errorf("encode reply: %w", err)
+	}
+	w.Decision = store.Decision{WorkItemID: req.WorkItemID, Turn: req.Turn, Fingerprint: ans.Fingerprint, TurnSeq: m.Seq,
+		Status: out.Status, Reply: body}
+	if out.Action != nil {
+		w.Decision.Action = out.Action.Action.Name
+	}
+	if err := store.TurnCommit(ctx, pool, w); err != nil {
+		return Answer{}, err
+	}
+	p.Counters.Decided.Add(1)
+	if h := p.hooks.AfterCommitFunc; h != nil {
+		if err := h(t.ID, req.WorkItemID, req.Turn); err != nil {
+			return Answer{}, fmt.Errorf("%w after commit: %v", ErrCrash, err)
+		}
+	}
+	ans.OK, ans.Body = true, body
+	return ans, nil
+}
+
+// replay answers a turn that was already decided: the stored bytes when the
+// fingerprints match, idempotency_key_reused otherwise. Nothing is written.
+func (p *Processor) replay(ctx context.Context, q store.DBTX, req *wire.TurnSubmitRequest, m Message, ans Answer) (Answer, error) {
+	d, err := store.DecisionGetByTurn(ctx, q, req.WorkItemID, req.Turn)
+	if err != nil {
+		return Answer{}, fmt.Errorf("replay turn %d: %w", req.Turn, err)
+	}
+	if d.Fingerprint != ans.Fingerprint {
+		p.Counters.KeyReused.Add(1)
+		return p.reject(ans, &wire.Error{Code: wire.CodeConflict, Reason: wire.ReasonIdempotencyKeyReused,
+			Message: fmt.Sprintf("turn %d of this work item was already decided for a different payload", req.Turn)}), nil
+	}
+	p.Counters.Replayed.Add(1)
+	ans.OK = true
+	if d.TurnSeq == m.Seq {
+		// The same message again (a replica died after committing): the
+		// original answer, byte for byte.
+		ans.Body = d.Reply
+		return ans, nil
+	}
+	ans.Body, err = wire.MarkReplayed(d.Reply)
+	ans.Replayed = true
+	return ans, err
+}
+
+func (p *Processor) reject(ans Answer, e *wire.Error) Answer {
+	p.Counters.Rejected.Add(1)
+	body, err := json.Marshal(wire.ErrorReply{Error: e})
+	if err != nil {
+		panic(err) // a wire.Error always encodes
+	}
+	ans.OK, ans.Body = false, body
+	return ans
+}
+
+func (p *Processor) input(ctx context.Context, q store.DBTX, t *registry.Tenant, req *wire.TurnSubmitRequest, item store.WorkItem, isNew bool) (*engine.Input, error) {
+	it := engine.Item{ID: req.WorkItemID, New: isNew}
+	if isNew {
+		it.CatalogueVersion = t.CatalogueVersion
+		it.ApprovalMode = t.ApprovalMode
+		it.Email = req.Email
+	} else {
+		it.Status = item.Status
+		it.Assessment = wire.Assessment{Category: item.Category, Priority: item.Priority, Confidence: item.Confidence,
+			Source: item.AssessmentSource}
+		it.CatalogueVersion = item.CatalogueVersion
+		it.ApprovalMode = item.ApprovalMode
+		it.Email = item.Email
+		it.LastAction = item.LastAction
+		it.LastActionParams = item.LastActionParams
+		it.ActionState = engine.ActionState(item.ActionState)
+		if p.resume != nil && item.LastAction != "" {
+			ap, err := p.resume.Approval(ctx, q, req.WorkItemID)
+			if err != nil {
+				return nil, err
+			}
+			it.Approval = ap
+		}
+	}
+	return &engine.Input{Tenant: t, Item: it, Turn: req.Turn, Request: req}, nil
+}
+
+func envelope(req *wire.TurnSubmitRequest, in *engine.Input, out engine.Outcome) wire.TurnSubmitReply {
+	r := wire.TurnSubmitReply{
+		WorkItemID:       req.WorkItemID,
+		Turn:             req.Turn,
+		NextTurn:         req.Turn + 1,
+		CatalogueVersion: int(in.Item.CatalogueVersion),
+		Status:           out.Status,
+		Reason:           out.Reason,
+		Assessment:       out.Assessment,
+	}
+	if a := out.Action; a != nil {
+		r.Action = &wire.Action{Name: string(a.Action.Name), Params: a.Params, RequiresApproval: a.Action.RequiresApproval}
+	}
+	return r
+}
+
+func nextItem(in *engine.Input, prev store.WorkItem, out engine.Outcome, req *wire.TurnSubmitRequest) store.WorkItem {
+	w := store.WorkItem{
+		ID:               req.WorkItemID,
+		Turn:             req.Turn,
+		Status:           out.Status,
+		StatusReason:     out.Reason,
+		NeedsHuman:       out.NeedsHuman,
+		Category:         out.Assessment.Category,
+		Priority:         out.Assessment.Priority,
+		Confidence:       out.Assessment.Confidence,
+		AssessmentSource: out.Assessment.Source,
+		CatalogueVersion: in.Item.CatalogueVersion,
+		ApprovalMode:     in.Item.ApprovalMode,
+		Email:            in.Item.Email,
+		LastAction:       prev.LastAction,
+		LastActionParams: prev.LastActionParams,
+		ActionState:      store.ActionState(out.ActionState),
+		Outcome:          out.ItemOutcome,
+		HumanAction:      out.HumanAction,
+	}
+	if out.Assessment.Source == "carried" {
+		w.AssessmentSource = prev.AssessmentSource
+	}
+	if a := out.Action; a != nil {
+		w.LastAction = a.Action.Name
+		w.LastActionParams = a.Params
+	}
+	switch out.Status {
+	case wire.WorkItemStatusClosed, wire.WorkItemStatusClosedManual:
+		now := time.Now().UTC()
+		w.ClosedAt = &now
+	}
+	return w
+}
+
+// checkpoints stores engine steps of one turn in the tenant database.
+type checkpoints struct {
+	q          store.DBTX
+	tenant     registry.TenantID
+	workItemID string
+	turn       int
+	hooks      Hooks
+}
+
+func (c *checkpoints) Load(ctx context.Context, step string) ([]byte, bool, error) {
+	b, err := store.CheckpointGet(ctx, c.q, c.workItemID, c.turn, step)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, false, nil
+	}
+	return b, err == nil, err
+}
+
+func (c *checkpoints) Save(ctx context.Context, step string, output []byte) error {
+	if err := store.CheckpointPut(ctx, c.q, c.workItemID, c.turn, step, output); err != nil {
+		return err
+	}
+	if h := c.hooks.AfterStepFunc; h != nil {
+		if err := h(c.tenant, c.workItemID, c.turn, step); err != nil {
+			return fmt.Errorf("%w after step %s: %v", ErrCrash, step, err)
+		}
+	}
+	return nil
+}
+
+// Refuse is the answer for a turn rejected before it reached a tenant's
+// database (unknown or disabled tenant, a turn that kept failing). The
+// request's fingerprint is included when the body decodes, so the edge can
+// tell the refusal answers its own payload.
+func (p *Processor) Refuse(data []byte, e *wire.Error) Answer {
+	ans := Answer{}
+	if req, err := wire.DecodeTurnSubmitRequest(data); err == nil {
+		ans = Answer{Fingerprint: wire.Fingerprint(req), WorkItemID: req.WorkItemID, Turn: req.Turn}
+	}
+	return p.reject(ans, e)
+}
