@@ -1,0 +1,245 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Config of an edge. The zero value of a field means its default; NATSURL,
+// CredsFile and Token are required. Only ConfigFromEnv reads the environment;
+// the variable of each field is in brackets.
+type Config struct {
+	// TenantID labels logs and the NATS connection name [EDGE_TENANT_ID]. It
+	// grants nothing: the tenant's identity is the NATS account of the
+	// credential.
+	TenantID string
+	// Addr is where cmd/edge listens [EDGE_ADDR]. Default 127.0.0.1:8480.
+	Addr string
+	// NATSURL is the NATS server to connect to [EDGE_NATS_URL].
+	NATSURL string
+	// CredsFile is the tenant's .creds file: user JWT and NKey seed
+	// [EDGE_NATS_CREDS].
+	CredsFile string
+	// Token is the bearer token n8n presents, at least 16 bytes
+	// [EDGE_TOKEN, or a file named by EDGE_TOKEN_FILE].
+	Token string
+	// TurnWait is how long POST /v1/turns waits for the decision before
+	// answering 202 with a URL to fetch it [EDGE_TURN_WAIT]. Default 10s.
+	TurnWait time.Duration
+	// PublishTimeout is the total time spent publishing a turn, retries
+	// included, before answering 503 [EDGE_PUBLISH_TIMEOUT]. Default 5s.
+	PublishTimeout time.Duration
+}
+
+// Defaults.
+const (
+	DefaultAddr           = "127.0.0.1:8480"
+	DefaultTurnWait       = 10 * time.Second
+	DefaultPublishTimeout = 5 * time.Second
+	minTokenBytes         = 16
+	drainTimeout          = 5 * time.Second
+)
+
+func (c Config) withDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.TurnWait == 0 {
+		c.TurnWait = DefaultTurnWait
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	return c
+}
+
+// validate names the environment variable of each problem, since that is
+// what an operator has to fix.
+func (c Config) validate() error {
+	var errs []error
+	if c.NATSURL == "" {
+		errs = append(errs, errors.New("EDGE_NATS_URL is required"))
+	}
+	if c.CredsFile == "" {
+		errs = append(errs, errors.New("EDGE_NATS_CREDS is required: the tenant's .creds file"))
+	}
+	switch {
+	case c.Token == "":
+		errs = append(errs, errors.New("EDGE_TOKEN or EDGE_TOKEN_FILE is required: the bearer token n8n presents"))
+	case len(c.Token) < minTokenBytes:
+		errs = append(errs, fmt.Errorf("EDGE_TOKEN is %d bytes, at least %d are required", len(c.Token), minTokenBytes))
+	case strings.IndexFunc(c.Token, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		errs = append(errs, errors.New("EDGE_TOKEN must not contain spaces or control characters: it travels in an HTTP header"))
+	}
+	if c.TurnWait < 0 {
+		errs = append(errs, fmt.Errorf("EDGE_TURN_WAIT is %s; it must be positive", c.TurnWait))
+	}
+	if c.PublishTimeout < 0 {
+		errs = append(errs, fmt.Errorf("EDGE_PUBLISH_TIMEOUT is %s; it must be positive", c.PublishTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// ConfigFromEnv builds a Config from environment variables: EDGE_TENANT_ID,
+// EDGE_ADDR, EDGE_NATS_URL, EDGE_NATS_CREDS, EDGE_TOKEN or EDGE_TOKEN_FILE,
+// EDGE_TURN_WAIT and EDGE_PUBLISH_TIMEOUT (Go durations, "10s"). It returns
+// the defaulted, validated Config.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	c := Config{
+		TenantID:  getenv("EDGE_TENANT_ID"),
+		Addr:      getenv("EDGE_ADDR"),
+		NATSURL:   getenv("EDGE_NATS_URL"),
+		CredsFile: getenv("EDGE_NATS_CREDS"),
+		Token:     getenv("EDGE_TOKEN"),
+	}
+	var errs []error
+	if path := getenv("EDGE_TOKEN_FILE"); path != "" {
+		if c.Token != "" {
+			errs = append(errs, errors.New("EDGE_TOKEN and EDGE_TOKEN_FILE are both set; set one"))
+		} else if b, err := os.ReadFile(path); err != nil {
+			errs = append(errs, fmt.Errorf("EDGE_TOKEN_FILE: %w", err))
+		} else {
+			// A trailing newline from `echo > file` is not part of the token.
+			c.Token = strings.TrimSpace(string(b))
+		}
+	}
+	for _, d := range []struct {
+		name string
+		dst  *time.Duration
+	}{{"EDGE_TURN_WAIT", &c.TurnWait}, {"EDGE_PUBLISH_TIMEOUT", &c.PublishTimeout}} {
+		v := getenv(d.name)
+		if v == "" {
+			continue
+		}
+		dur, err := time.ParseDuration(v)
+		if err != nil || dur <= 0 {
+			errs = append(errs, fmt.Errorf("%s is %q; want a positive duration such as 10s", d.name, v))
+			continue
+		}
+		*d.dst = dur
+	}
+	c = c.withDefaults()
+	if err := c.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return c, errors.Join(errs...)
+}
+
+// Serve connects to NATS with the tenant's credential, then serves the
+// edge's HTTP API on ln until ctx is done. It then stops taking requests,
+// lets the ones in flight finish (bounded), drains the NATS connection and
+// returns nil. It returns an error if it cannot start or the listener fails.
+// Serve owns ln and closes it in every case.
+func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger) error {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		ln.Close()
+		return fmt.Errorf("edge config: %w", err)
+	}
+	if cfg.TenantID != "" {
+		logger = logger.With("tenant_id", cfg.TenantID)
+	}
+
+	name := "edge"
+	if cfg.TenantID != "" {
+		name += "-" + cfg.TenantID
+	}
+	closed := make(chan struct{})
+	nc, err := nats.Connect(cfg.NATSURL,
+		nats.UserCredentials(cfg.CredsFile),
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil is our own drain at shutdown
+				logger.Warn("nats disconnected", "error", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			logger.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			logger.Error("nats async error", "subject", subject, "error", err)
+		}),
+		nats.DrainTimeout(drainTimeout),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+	)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
+	}
+	rl, err := newRelay(nc, cfg, logger)
+	if err != nil {
+		ln.Close()
+		nc.Close()
+		return err
+	}
+
+	srv := &http.Server{
+		Handler: newHandler(deps{
+			brain:     rl,
+			token:     cfg.Token,
+			connected: func() bool { return nc.Status() == nats.CONNECTED },
+			logger:    logger,
+		}),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      cfg.TurnWait + 15*time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	logger.Info("edge serving", "addr", ln.Addr().String(), "nats_url", nc.ConnectedUrlRedacted())
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+	}
+
+	// A turn in flight waits at most TurnWait for its decision; give it that
+	// long to answer before the connection underneath it goes.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.TurnWait+5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		logger.Warn("http shutdown", "error", err)
+	}
+	if serveErr == nil {
+		serveErr = <-served
+	}
+	if err := nc.Drain(); err != nil {
+		logger.Warn("nats drain", "error", err)
+		nc.Close()
+	}
+	drainWait := time.NewTimer(drainTimeout)
+	defer drainWait.Stop()
+	select {
+	case <-closed:
+	case <-drainWait.C:
+		nc.Close()
+		<-closed
+	}
+	logger.Info("edge stopped")
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("serve http: %w", serveErr)
+}

@@ -1,0 +1,94 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"n8nbrain/subjects"
+	"n8nbrain/wire"
+)
+
+// fakeBrainClient is an in-memory brainClient. The fuzz target is the HTTP
+// decoding path, so nothing here pretends to be NATS.
+type fakeBrainClient struct {
+	SubmitFunc func(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error)
+	ResultFunc func(ctx context.Context, key string) (turnOutcome, error)
+}
+
+func (f *fakeBrainClient) Submit(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error) {
+	return f.SubmitFunc(ctx, key, payload, fp)
+}
+
+func (f *fakeBrainClient) Result(ctx context.Context, key string) (turnOutcome, error) {
+	return f.ResultFunc(ctx, key)
+}
+
+// FuzzTurnSubmitDecode posts arbitrary bodies to POST /v1/turns. Whatever
+// the body: no panic; a 2xx only for a body the strict decoder accepts,
+// and then the brain gets the canonical payload, its fingerprint and its
+// key; every other answer is a wire.ErrorReply with a code.
+func FuzzTurnSubmitDecode(f *testing.F) {
+	f.Add(turnBody("wi-fuzz", "hello"))
+	f.Add([]byte(`{"work_item_id":"w","turn":2,"latest_result":{"action":"draft_reply","outcome":"succeeded"}}`))
+
+	h := newHandler(deps{
+		brain: &fakeBrainClient{
+			SubmitFunc: func(_ context.Context, key string, payload []byte, fp string) (turnOutcome, error) {
+				req, err := wire.DecodeTurnSubmitRequest(payload)
+				if err != nil {
+					return turnOutcome{}, internal(err, "the edge published a payload the strict decoder refuses")
+				}
+				sum := sha256.Sum256(payload)
+				if key != subjects.TurnKey(req.WorkItemID, req.Turn) || fp != wire.Fingerprint(req) || fp != hex.EncodeToString(sum[:]) {
+					return turnOutcome{}, internal(nil, "key or fingerprint does not match the payload")
+				}
+				return turnOutcome{Body: decision(req)}, nil
+			},
+			ResultFunc: func(context.Context, string) (turnOutcome, error) {
+				return turnOutcome{}, &wire.Error{Code: wire.CodeNotFound, Message: "none"}
+			},
+		},
+		token:     testToken,
+		connected: func() bool { return true },
+		logger:    slog.New(slog.DiscardHandler),
+	})
+
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := httptest.NewRequest(http.MethodPost, "/v1/turns", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+
+		_, decodeErr := wire.DecodeTurnSubmitRequest(body)
+		if rec.Code >= 200 && rec.Code < 300 {
+			if decodeErr != nil {
+				t.Fatalf("status %d for a body the decoder refuses (%v)", rec.Code, decodeErr)
+			}
+			if !json.Valid(rec.Body.Bytes()) {
+				t.Fatalf("status %d with a body that is not JSON: %q", rec.Code, rec.Body.Bytes())
+			}
+			return
+		}
+		var er wire.ErrorReply
+		if err := json.Unmarshal(rec.Body.Bytes(), &er); err != nil || er.Error == nil || er.Error.Code == "" {
+			t.Fatalf("status %d with body %q: not a wire.ErrorReply with a code (%v)", rec.Code, rec.Body.Bytes(), err)
+		}
+		if er.Error.Code == wire.CodeInternal {
+			t.Fatalf("internal error for body %q: %s", body, er.Error.Message)
+		}
+		if decodeErr == nil {
+			t.Fatalf("status %d (%s) for a body the decoder accepts", rec.Code, er.Error.Message)
+		}
+		if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+			t.Fatalf("Content-Type %q", ct)
+		}
+	})
+}

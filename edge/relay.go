@@ -1,0 +1,496 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"n8nbrain/subjects"
+	"n8nbrain/wire"
+)
+
+const (
+	// resultTimeout bounds one direct get of a stored reply.
+	resultTimeout = 2 * time.Second
+	// attemptTimeout bounds one publish attempt; PublishTimeout bounds them all.
+	attemptTimeout = 2 * time.Second
+	// relookFirst and relookMax pace the looks at the stored reply of a
+	// request waiting on a message it did not publish (see await).
+	relookFirst = 20 * time.Millisecond
+	relookMax   = 500 * time.Millisecond
+	// waiterBuffer is how many replies a waiter holds. A key gets one reply
+	// per turn message, so more than a few means a re-drive storm; a reply
+	// dropped here is still found by the final fetch of the result.
+	waiterBuffer = 8
+)
+
+// relay is the NATS side of the edge: it publishes turns through the
+// tenant's turn import, receives live replies on one shared subscription and
+// fetches stored replies through the result import. It implements brainClient.
+type relay struct {
+	nc             *nats.Conn
+	js             jetstream.JetStream
+	logger         *slog.Logger
+	turnWait       time.Duration
+	publishTimeout time.Duration
+
+	mu      sync.Mutex
+	waiters map[string]map[chan *nats.Msg]struct{}
+}
+
+// newRelay subscribes to every live reply of the tenant once, for the life
+// of the process, and waits until the server has the subscription: a reply
+// published after newRelay returns reaches a registered waiter.
+func newRelay(nc *nats.Conn, cfg Config, logger *slog.Logger) (*relay, error) {
+	// The edge user has no $JS.API rights; the JetStream client is only used
+	// to publish through the turn import and read the PubAck.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream client: %w", err)
+	}
+	r := &relay{
+		nc:             nc,
+		js:             js,
+		logger:         logger,
+		turnWait:       cfg.TurnWait,
+		publishTimeout: cfg.PublishTimeout,
+		waiters:        map[string]map[chan *nats.Msg]struct{}{},
+	}
+	if _, err := nc.Subscribe(subjects.LocalReply+">", r.dispatch); err != nil {
+		return nil, fmt.Errorf("subscribe to %s>: %w", subjects.LocalReply, err)
+	}
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		return nil, fmt.Errorf("flush reply subscription: %w", err)
+	}
+	return r, nil
+}
+
+// dispatch hands a live reply to every waiter on its key.
+func (r *relay) dispatch(m *nats.Msg) {
+	key, err := subjects.ParseReplyLocal(m.Subject)
+	if err != nil {
+		r.logger.Warn("live reply on a malformed subject", "error", err)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for ch := range r.waiters[key] {
+		select {
+		case ch <- m:
+		default:
+			r.logger.Warn("live reply dropped: waiter is full", "turn_key", key)
+		}
+	}
+}
+
+func (r *relay) register(key string) chan *nats.Msg {
+	ch := make(chan *nats.Msg, waiterBuffer)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	set := r.waiters[key]
+	if set == nil {
+		set = map[chan *nats.Msg]struct{}{}
+		r.waiters[key] = set
+	}
+	set[ch] = struct{}{}
+	return ch
+}
+
+func (r *relay) unregister(key string, ch chan *nats.Msg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.waiters[key], ch)
+	if len(r.waiters[key]) == 0 {
+		delete(r.waiters, key)
+	}
+}
+
+// submission is the state of one HTTP request's turn.
+type submission struct {
+	key     string
+	payload []byte
+	fp      string
+	// ownSeq is the TURNS sequence this request's publish created, 0 if the
+	// turn was already there. A stored decision of ownSeq answers this very
+	// request and is not a replay.
+	ownSeq uint64
+	// minSeq: an error reply for a turn message before it is stale, because
+	// a newer message for the key (ours or a concurrent re-drive) is in flight.
+	minSeq   uint64
+	redriven bool
+}
+
+// Submit relays a turn and waits for its answer (DESIGN §4). It returns the
+// decision to serve, a pending outcome when no answer came within TurnWait,
+// or an error carrying a *wire.Error: the brain's own error for this payload,
+// conflict (idempotency_key_reused), or unavailable when the turn could not
+// be published.
+func (r *relay) Submit(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error) {
+	// Register before publishing, so the live reply cannot slip past.
+	ch := r.register(key)
+	defer r.unregister(key, ch)
+
+	s := &submission{key: key, payload: payload, fp: fp}
+	res, err := r.publish(ctx, key, payload, msgID(key, fp, 0), 0)
+	if err != nil {
+		return turnOutcome{}, err
+	}
+	if res.kind == publishAccepted {
+		s.ownSeq, s.minSeq = res.seq, res.seq
+		return r.await(ctx, s, ch)
+	}
+	// Already accepted: by an earlier try, a concurrent one, or another
+	// payload under the same key. What is stored says which.
+	if res.kind == publishDuplicate {
+		s.minSeq = res.seq
+	}
+	if out, done, err := r.look(ctx, s); done {
+		return out, err
+	}
+	return r.await(ctx, s, ch)
+}
+
+// look fetches the stored reply of s's key and applies it. done is false
+// while s has no answer yet: nothing stored, a stale error, or an error that
+// was just re-driven.
+func (r *relay) look(ctx context.Context, s *submission) (out turnOutcome, done bool, err error) {
+	stored, found, err := r.fetch(ctx, s.key)
+	switch {
+	case errors.Is(err, errMalformedReply):
+		return turnOutcome{}, true, internal(err, "the brain's stored reply is malformed")
+	case err != nil:
+		// The turn is in the stream; the live reply or a later look may
+		// still find the answer.
+		r.logger.Warn("fetch stored reply", "turn_key", s.key, "error", err)
+		return turnOutcome{}, false, nil
+	case !found:
+		r.logger.Debug("no stored reply yet", "turn_key", s.key)
+		return turnOutcome{}, false, nil
+	case stored.status == wire.StatusOK:
+		out, err = s.decided(stored, true)
+		return out, true, err
+	case stored.turnSeq < s.minSeq:
+		// A stale error: a newer message for the key is in flight.
+		return turnOutcome{}, false, nil
+	case s.ownSeq != 0 && stored.turnSeq == s.ownSeq:
+		// The answer to the message this request published.
+		return turnOutcome{}, true, stored.brainError()
+	case !s.redriven:
+		// Only a decision consumes a key: an error is re-driven, once.
+		if err := r.redrive(ctx, s, stored.turnSeq); err != nil {
+			return turnOutcome{}, true, err
+		}
+		return turnOutcome{}, false, nil
+	case stored.fingerprint == s.fp:
+		return turnOutcome{}, true, stored.brainError()
+	}
+	return turnOutcome{}, false, nil
+}
+
+// await waits up to TurnWait for the live reply, then looks at the stored
+// reply once more before answering pending.
+//
+// A request that did not publish the message in flight itself also looks
+// at the stored reply now and then: the stream export delivers a reply live
+// before RESULTS has stored it, so a retry arriving in that instant finds
+// nothing stored and would otherwise wait for a live reply already gone.
+func (r *relay) await(ctx context.Context, s *submission, ch chan *nats.Msg) (turnOutcome, error) {
+	deadline := time.NewTimer(r.turnWait)
+	defer deadline.Stop()
+	relookEvery := relookFirst
+	relook := time.NewTimer(relookEvery)
+	defer relook.Stop()
+	for {
+		relookC := relook.C
+		if s.ownSeq != 0 {
+			// Our own message: its reply comes live, to a waiter registered
+			// before it was published.
+			relookC = nil
+		}
+		select {
+		case m := <-ch:
+			rep, err := parseReply(m)
+			switch {
+			case err != nil:
+				r.logger.Error("malformed live reply", "turn_key", s.key, "error", err)
+			case rep.status == wire.StatusOK:
+				return s.decided(rep, false)
+			case rep.turnSeq < s.minSeq:
+				// Stale: it answers a message older than the one in flight.
+			case rep.fingerprint == s.fp:
+				return turnOutcome{}, rep.brainError()
+			case !s.redriven:
+				// Another payload's error: the key is still open, drive ours.
+				if err := r.redrive(ctx, s, rep.turnSeq); err != nil {
+					return turnOutcome{}, err
+				}
+			}
+		case <-relookC:
+			if out, done, err := r.look(ctx, s); done {
+				return out, err
+			}
+			relookEvery = min(2*relookEvery, relookMax)
+			relook.Reset(relookEvery)
+		case <-deadline.C:
+			// A last look: an edge that missed the live reply (a reconnect,
+			// a full waiter) still answers. An error left on the key is
+			// re-driven first, so that "pending" is true.
+			if out, done, err := r.look(ctx, s); done {
+				return out, err
+			}
+			return turnOutcome{Pending: true}, nil
+		case <-ctx.Done():
+			return turnOutcome{}, unavailable(ctx.Err(), "the request ended before the brain answered; retry with the same turn")
+		}
+	}
+}
+
+// decided turns a decision into the outcome of s: the decision when it
+// answers s's payload, idempotency_key_reused when it answers another.
+func (s *submission) decided(rep brainReply, stored bool) (turnOutcome, error) {
+	if rep.fingerprint != s.fp {
+		return turnOutcome{}, &wire.Error{
+			Code:   wire.CodeConflict,
+			Reason: wire.ReasonIdempotencyKeyReused,
+			Message: "this work item and turn were already decided for a different payload; " +
+				"send the same payload to get the stored decision, or the next turn",
+		}
+	}
+	if !stored || (s.ownSeq != 0 && rep.turnSeq == s.ownSeq) {
+		return turnOutcome{Body: rep.body}, nil
+	}
+	body, err := wire.MarkReplayed(rep.body)
+	if err != nil {
+		return turnOutcome{}, internal(err, "the stored decision is unreadable")
+	}
+	return turnOutcome{Body: body, Replayed: true}, nil
+}
+
+// redrive publishes s again after an error reply for turn message seq. The
+// expectation makes concurrent re-drives of the same error collapse into
+// one; the message id is bound to the payload and the error's sequence.
+func (r *relay) redrive(ctx context.Context, s *submission, seq uint64) error {
+	s.redriven = true
+	res, err := r.publish(ctx, s.key, s.payload, msgID(s.key, s.fp, seq), seq)
+	if err != nil {
+		return err
+	}
+	switch res.kind {
+	case publishAccepted:
+		s.ownSeq, s.minSeq = res.seq, res.seq
+	case publishDuplicate:
+		s.minSeq = max(s.minSeq, res.seq)
+	case publishWrongLast:
+		// Somebody re-drove already; its message comes after seq.
+		s.minSeq = max(s.minSeq, seq+1)
+	}
+	r.logger.Info("turn re-driven after an error reply", "turn_key", s.key, "error_turn_seq", seq)
+	return nil
+}
+
+// Result returns the stored answer of a turn: the decision (marked as a
+// replay), the brain's error, or not_found.
+func (r *relay) Result(ctx context.Context, key string) (turnOutcome, error) {
+	rep, found, err := r.fetch(ctx, key)
+	switch {
+	case errors.Is(err, errMalformedReply):
+		return turnOutcome{}, internal(err, "the brain's stored reply is malformed")
+	case err != nil:
+		return turnOutcome{}, unavailable(err, "the stored answer cannot be read right now; retry")
+	case !found:
+		return turnOutcome{}, &wire.Error{
+			Code: wire.CodeNotFound,
+			Message: "no answer is stored for this turn: it is still being decided, was never submitted, or expired; " +
+				"re-submitting the same turn is always safe (it is idempotent)",
+		}
+	case rep.status == wire.StatusError:
+		return turnOutcome{}, rep.brainError()
+	}
+	body, err := wire.MarkReplayed(rep.body)
+	if err != nil {
+		return turnOutcome{}, internal(err, "the stored decision is unreadable")
+	}
+	return turnOutcome{Body: body, Replayed: true}, nil
+}
+
+// msgID is the Nats-Msg-Id of a turn. It is bound to the content (key and
+// fingerprint), so another tenant cannot guess it and shadow it in the
+// stream-wide dedupe table; a re-drive adds the sequence of the error it
+// replaces.
+func msgID(key, fp string, redriveOf uint64) string {
+	id := key + "." + fp[:32]
+	if redriveOf > 0 {
+		id += "." + strconv.FormatUint(redriveOf, 10)
+	}
+	return id
+}
+
+type publishKind int
+
+const (
+	publishAccepted  publishKind = iota + 1 // a new message; seq is its sequence
+	publishDuplicate                        // same message id seen; seq is the original's
+	publishWrongLast                        // the subject's last sequence is not the expected one
+)
+
+type publishResult struct {
+	kind publishKind
+	seq  uint64
+}
+
+// publish sends a turn expecting expect as the last sequence of its
+// subject, retrying transient failures with exponential backoff within
+// PublishTimeout, always with the same message id.
+func (r *relay) publish(ctx context.Context, key string, payload []byte, id string, expect uint64) (publishResult, error) {
+	bctx, cancel := context.WithTimeout(ctx, r.publishTimeout)
+	defer cancel()
+	var last error
+	attempt := func() (publishResult, error) {
+		actx, cancel := context.WithTimeout(bctx, attemptTimeout)
+		defer cancel()
+		// A fresh message each attempt: PublishMsg writes its headers into it.
+		msg := &nats.Msg{Subject: subjects.TurnLocal(key), Data: payload}
+		ack, err := r.js.PublishMsg(actx, msg,
+			jetstream.WithMsgID(id),
+			jetstream.WithExpectLastSequencePerSubject(expect),
+			jetstream.WithRetryAttempts(0), // the backoff below retries
+		)
+		if err == nil {
+			if ack.Duplicate {
+				return publishResult{kind: publishDuplicate, seq: ack.Sequence}, nil
+			}
+			return publishResult{kind: publishAccepted, seq: ack.Sequence}, nil
+		}
+		last = err
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) {
+			switch {
+			case apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence,
+				apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+				return publishResult{kind: publishWrongLast}, nil
+			case apiErr.Code == 503:
+				return publishResult{}, err
+			}
+			return publishResult{}, backoff.Permanent(err)
+		}
+		if transient(err) {
+			return publishResult{}, err
+		}
+		return publishResult{}, backoff.Permanent(err)
+	}
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(50*time.Millisecond),
+		backoff.WithMaxInterval(time.Second),
+		backoff.WithMaxElapsedTime(r.publishTimeout),
+	)
+	res, err := backoff.RetryNotifyWithData(attempt, backoff.WithContext(b, bctx), func(err error, next time.Duration) {
+		r.logger.Debug("turn publish retry", "turn_key", key, "error", err, "next_ms", next.Milliseconds())
+	})
+	if err == nil {
+		return res, nil
+	}
+	if last == nil {
+		last = err
+	}
+	var apiErr *jetstream.APIError
+	switch {
+	case ctx.Err() != nil:
+		return publishResult{}, unavailable(ctx.Err(), "the request ended before the turn was accepted; retry with the same turn")
+	case errors.As(last, &apiErr) && apiErr.Code != 503:
+		return publishResult{}, unavailable(last, "the brain's turn stream refused the turn (%s); retry later with the same turn", apiErr.Description)
+	case transient(last):
+		return publishResult{}, unavailable(last, "the brain did not accept the turn within %s; retry with the same turn", r.publishTimeout)
+	}
+	return publishResult{}, unavailable(last, "the turn could not be sent to the brain; retry with the same turn")
+}
+
+// transient reports whether a publish failure may pass on retry.
+func transient(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Code == 503
+	}
+	return errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrStaleConnection)
+}
+
+// brainReply is a reply of the brain, live or stored.
+type brainReply struct {
+	status      string // wire.StatusOK or wire.StatusError
+	fingerprint string
+	turnSeq     uint64
+	body        []byte
+}
+
+// errMalformedReply is a reply without the headers the brain always sets.
+var errMalformedReply = errors.New("malformed brain reply")
+
+func parseReply(m *nats.Msg) (brainReply, error) {
+	rep := brainReply{
+		status:      m.Header.Get(wire.HeaderStatus),
+		fingerprint: m.Header.Get(wire.HeaderFingerprint),
+		body:        m.Data,
+	}
+	if rep.status != wire.StatusOK && rep.status != wire.StatusError {
+		return brainReply{}, fmt.Errorf("%w on %s: header %s is %q", errMalformedReply, m.Subject, wire.HeaderStatus, rep.status)
+	}
+	if rep.fingerprint == "" {
+		return brainReply{}, fmt.Errorf("%w on %s: header %s is missing", errMalformedReply, m.Subject, wire.HeaderFingerprint)
+	}
+	seq, err := strconv.ParseUint(m.Header.Get(wire.HeaderTurnSeq), 10, 64)
+	if err != nil {
+		return brainReply{}, fmt.Errorf("%w on %s: header %s: %v", errMalformedReply, m.Subject, wire.HeaderTurnSeq, err)
+	}
+	rep.turnSeq = seq
+	return rep, nil
+}
+
+// brainError decodes an error reply; an unreadable one is an internal error.
+func (rep brainReply) brainError() error {
+	var er wire.ErrorReply
+	if err := json.Unmarshal(rep.body, &er); err != nil {
+		return internal(err, "the brain's error reply is unreadable")
+	}
+	if er.Error == nil || er.Error.Code == "" {
+		return internal(errors.New("error reply without a code"), "the brain's error reply is unreadable")
+	}
+	return er.Error
+}
+
+// fetch reads the stored reply of key through the result import (a direct
+// get of the last message on its RESULTS subject). found is false when no
+// reply is stored yet.
+func (r *relay) fetch(ctx context.Context, key string) (rep brainReply, found bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, resultTimeout)
+	defer cancel()
+	m, err := r.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subjects.ResultLocal(key)})
+	if err != nil {
+		return brainReply{}, false, fmt.Errorf("request %s: %w", subjects.ResultLocal(key), err)
+	}
+	switch st := m.Header.Get("Status"); st {
+	case "":
+	case "404":
+		return brainReply{}, false, nil
+	default:
+		return brainReply{}, false, fmt.Errorf("request %s: status %s %s", subjects.ResultLocal(key), st, m.Header.Get("Description"))
+	}
+	rep, err = parseReply(m)
+	if err != nil {
+		return brainReply{}, false, err
+	}
+	return rep, true, nil
+}

@@ -1,0 +1,316 @@
+package edge
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"n8nbrain/subjects"
+	"n8nbrain/wire"
+)
+
+// brainClient is what the handlers need from the brain: submit a turn and
+// wait for its answer, and read a turn's stored answer. Errors carry a
+// *wire.Error (wire.ErrorOf finds it); the NATS relay implements it.
+type brainClient interface {
+	// Submit relays the turn with the given key, canonical payload and
+	// fingerprint and waits for its answer, or reports it pending.
+	Submit(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error)
+	// Result returns the stored answer of a turn; not_found when there is none.
+	Result(ctx context.Context, key string) (turnOutcome, error)
+}
+
+// turnOutcome is an answer to a turn that is not an error.
+type turnOutcome struct {
+	// Body is the decision envelope to serve, exactly; nil when Pending.
+	Body []byte
+	// Replayed is set when Body is a stored decision marked as a replay.
+	Replayed bool
+	// Pending: the turn is accepted but not decided within the wait.
+	Pending bool
+}
+
+// deps is everything the handlers use, built by Serve.
+type deps struct {
+	brain     brainClient
+	token     string
+	connected func() bool
+	logger    *slog.Logger
+}
+
+// routes lists every HTTP route of the edge.
+func routes(mux *http.ServeMux, d deps) {
+	mux.Handle("POST /v1/turns", logged(d, "POST /v1/turns", requireToken(d, handleTurnSubmit(d))))
+	mux.Handle("GET /v1/turns/{key}", logged(d, "GET /v1/turns/{key}", requireToken(d, handleTurnGet(d))))
+	// Probes run every few seconds: their lines are Debug, not Info.
+	mux.Handle("GET /healthz", loggedAt(d, slog.LevelDebug, "GET /healthz", handleHealthz()))
+	mux.Handle("GET /readyz", loggedAt(d, slog.LevelDebug, "GET /readyz", handleReadyz(d)))
+}
+
+// newHandler is the edge's whole HTTP handler: the routes, plus JSON
+// answers for the mux's own 404 and 405.
+func newHandler(d deps) http.Handler {
+	mux := http.NewServeMux()
+	routes(mux, d)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h, pattern := mux.Handler(r); pattern == "" {
+			// No route: the mux would answer 404 or 405 in plain text.
+			// Run it for its status and Allow header, answer in JSON.
+			probe := &headerProbe{header: http.Header{}}
+			h.ServeHTTP(probe, r)
+			if allow := probe.header.Get("Allow"); allow != "" {
+				w.Header().Set("Allow", allow)
+			}
+			status := probe.status
+			e := &wire.Error{Code: wire.CodeNotFound, Message: "no such route: " + r.URL.Path}
+			if status == http.StatusMethodNotAllowed {
+				e = &wire.Error{Code: wire.CodeInvalid, Message: "method " + r.Method + " is not allowed on " + r.URL.Path}
+			} else {
+				status = http.StatusNotFound
+			}
+			writeErrorStatus(w, status, e)
+			d.logger.Info("http request", "route", "", "method", r.Method, "status", status)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// headerProbe records what the mux's fallback handlers would answer.
+type headerProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *headerProbe) Header() http.Header         { return p.header }
+func (p *headerProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *headerProbe) WriteHeader(status int)      { p.status = status }
+
+// handleTurnSubmit relays a turn to the brain and answers with its decision,
+// its error, or 202 with the URL to fetch the decision later.
+func handleTurnSubmit(d deps) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !isJSON(r.Header.Get("Content-Type")) {
+			failStatus(r.Context(), w, http.StatusUnsupportedMediaType, &wire.Error{
+				Code: wire.CodeInvalid, Field: "Content-Type",
+				Message: "the body must be JSON: send Content-Type: application/json",
+			})
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, wire.MaxTurnBytes))
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Reason: wire.ReasonTooLarge,
+					Message: "the turn is larger than " + strconv.Itoa(wire.MaxTurnBytes) + " bytes"})
+				return
+			}
+			fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Message: "the body could not be read"})
+			return
+		}
+		req, err := wire.DecodeTurnSubmitRequest(body)
+		if err != nil {
+			fail(r.Context(), w, err)
+			return
+		}
+		key := subjects.TurnKey(req.WorkItemID, req.Turn)
+		annotate(r.Context(), slog.String("turn_key", key), slog.Int("turn", req.Turn))
+		payload, err := json.Marshal(req)
+		if err != nil { // cannot happen for a decoded request
+			fail(r.Context(), w, internal(err, "internal error"))
+			return
+		}
+		w.Header().Set("X-Turn-Key", key)
+
+		out, err := d.brain.Submit(r.Context(), key, payload, wire.Fingerprint(req))
+		if err != nil {
+			fail(r.Context(), w, err)
+			return
+		}
+		if out.Pending {
+			annotate(r.Context(), slog.Bool("pending", true))
+			writePending(w, key)
+			return
+		}
+		annotate(r.Context(), slog.Bool("replayed", out.Replayed))
+		writeJSON(w, http.StatusOK, out.Body)
+	})
+}
+
+// turnPendingReply is the body of a 202: the turn is accepted, its decision
+// is not ready yet, and result_url will have it.
+type turnPendingReply struct {
+	Status    string `json:"status"`
+	TurnKey   string `json:"turn_key"`
+	ResultURL string `json:"result_url"`
+	Message   string `json:"message"`
+}
+
+func writePending(w http.ResponseWriter, key string) {
+	url := "/v1/turns/" + key
+	body, _ := json.Marshal(turnPendingReply{
+		Status:    "pending",
+		TurnKey:   key,
+		ResultURL: url,
+		Message: "the turn is accepted and the brain is still deciding; GET result_url for the decision, " +
+			"or re-submit the same turn (it is idempotent)",
+	})
+	w.Header().Set("Location", url)
+	w.Header().Set("Retry-After", strconv.Itoa(defaultRetryAfter))
+	writeJSON(w, http.StatusAccepted, body)
+}
+
+// handleTurnGet answers with a turn's stored decision or error.
+func handleTurnGet(d deps) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.PathValue("key")
+		if !subjects.ValidTurnKey(key) {
+			fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Field: "key",
+				Message: "the turn key must be the 32 lowercase hex characters of X-Turn-Key or turn_key"})
+			return
+		}
+		annotate(r.Context(), slog.String("turn_key", key))
+		w.Header().Set("X-Turn-Key", key)
+		out, err := d.brain.Result(r.Context(), key)
+		if err != nil {
+			fail(r.Context(), w, err)
+			return
+		}
+		annotate(r.Context(), slog.Bool("replayed", out.Replayed))
+		writeJSON(w, http.StatusOK, out.Body)
+	})
+}
+
+// fail answers with err's wire error and notes it, with the full error
+// when it has a cause, for the request's log line.
+func fail(ctx context.Context, w http.ResponseWriter, err error) {
+	failStatus(ctx, w, 0, err)
+}
+
+// failStatus is fail with an explicit HTTP status; 0 means the table's.
+func failStatus(ctx context.Context, w http.ResponseWriter, status int, err error) {
+	e := wire.ErrorOf(err)
+	attrs := []slog.Attr{slog.String("error_code", string(e.Code))}
+	if e.Reason != "" {
+		attrs = append(attrs, slog.String("error_reason", e.Reason))
+	}
+	if e.Field != "" {
+		attrs = append(attrs, slog.String("error_field", e.Field))
+	}
+	var ce *causeError
+	if errors.As(err, &ce) {
+		attrs = append(attrs, slog.String("error", err.Error()))
+	}
+	annotate(ctx, attrs...)
+	if status == 0 {
+		status = httpStatus(e)
+	}
+	writeErrorStatus(w, status, e)
+}
+
+func handleHealthz() http.Handler {
+	body := []byte(`{"status":"ok"}`)
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, body)
+	})
+}
+
+func handleReadyz(d deps) http.Handler {
+	body := []byte(`{"status":"ready"}`)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !d.connected() {
+			fail(r.Context(), w, &wire.Error{Code: wire.CodeUnavailable, Message: "not connected to NATS"})
+			return
+		}
+		writeJSON(w, http.StatusOK, body)
+	})
+}
+
+// requireToken answers 401 unless the request carries the edge's bearer
+// token. It runs before the body is read.
+func requireToken(d deps, next http.Handler) http.Handler {
+	// Comparing digests keeps the comparison constant-time whatever the
+	// length of what was presented.
+	want := sha256.Sum256([]byte(d.token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		got := sha256.Sum256([]byte(strings.TrimSpace(token)))
+		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			fail(r.Context(), w, &wire.Error{Code: wire.CodeUnauthorized,
+				Message: "send the edge's token as Authorization: Bearer <token>"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// isJSON reports whether a Content-Type is JSON; a charset, if any, must be UTF-8.
+func isJSON(contentType string) bool {
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil || mt != "application/json" {
+		return false
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return false
+		}
+	}
+	return true
+}
+
+// requestLog collects what a handler learnt for the one log line of a request.
+type requestLog struct{ attrs []slog.Attr }
+
+type requestLogKey struct{}
+
+// annotate adds attributes to the request's log line. Never the body, the
+// token or the work item id: the turn key stands for the work item.
+func annotate(ctx context.Context, attrs ...slog.Attr) {
+	if rl, ok := ctx.Value(requestLogKey{}).(*requestLog); ok {
+		rl.attrs = append(rl.attrs, attrs...)
+	}
+}
+
+// logged writes one Info line per request with its route, status and duration.
+func logged(d deps, route string, next http.Handler) http.Handler {
+	return loggedAt(d, slog.LevelInfo, route, next)
+}
+
+func loggedAt(d deps, level slog.Level, route string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rl := &requestLog{}
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), requestLogKey{}, rl)))
+		attrs := append([]slog.Attr{
+			slog.String("route", route),
+			slog.Int("status", sw.status),
+			slog.Int64("duration_ms", time.Since(start).Milliseconds()),
+		}, rl.attrs...)
+		d.logger.LogAttrs(r.Context(), level, "http request", attrs...)
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = status, true
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
