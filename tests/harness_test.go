@@ -1,0 +1,376 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"n8nbrain/brain"
+	"n8nbrain/catalogue"
+	"n8nbrain/deploy/devstack"
+	"n8nbrain/edge"
+	"n8nbrain/internal/testdb"
+	"n8nbrain/nats/stream"
+	"n8nbrain/provision"
+	"n8nbrain/registry"
+	"n8nbrain/wire"
+)
+
+// system is one whole stack for one test: its own embedded NATS server in
+// operator mode, its own registry database and tenant databases (names
+// prefixed so parallel tests share one Postgres cluster), real brain
+// replicas and real edges. Everything started is stopped by t.Cleanup.
+type system struct {
+	t        *testing.T
+	adminURL string
+	stack    *devstack.Stack
+	logs     *logSink
+	streams  stream.Config
+}
+
+func newSystem(t *testing.T) *system {
+	t.Helper()
+	adminURL := testdb.AdminURL(t)
+	prefix := "x" + randomHex(4) + "_"
+	logs := &logSink{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := devstack.Start(ctx, devstack.Config{
+		Dir:      t.TempDir(),
+		AdminURL: adminURL,
+		Prefix:   prefix,
+		Logger:   slog.New(logs.handler()),
+	})
+	if err != nil {
+		t.Fatalf("start stack: %v", err)
+	}
+	s := &system{t: t, adminURL: adminURL, stack: st, logs: logs,
+		streams: stream.Config{AckWait: 2 * time.Second, MaxAge: 10 * time.Minute}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("system logs:\n%s", logs)
+		}
+		st.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := st.Ops.DropPrefixed(ctx); err != nil {
+			t.Errorf("drop test databases: %v", err)
+		}
+	})
+	// Streams exist before any edge publishes, whatever order tests start things in.
+	nc := s.brainConn()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Ensure(ctx, js, s.streams); err != nil {
+		t.Fatalf("ensure streams: %v", err)
+	}
+	return s
+}
+
+// spec is a tenant configuration most tests start from: every v1 action
+// enabled and one confident rule for quote requests.
+func spec(id string) provision.TenantSpec {
+	return provision.TenantSpec{
+		ID:             registry.TenantID(id),
+		TurnCeiling:    8,
+		EnabledActions: []catalogue.Name{catalogue.DraftReply, catalogue.SendReply, catalogue.CreateJob, catalogue.EscalateItem, catalogue.CloseItem, catalogue.VerifyReplySent, catalogue.VerifyJob},
+		Rules: []registry.Rule{{
+			Name:       "quotes",
+			Match:      registry.Match{SubjectKeywords: []string{"quote"}},
+			Category:   "quote_request",
+			Priority:   "high",
+			Action:     catalogue.DraftReply,
+			Params:     json.RawMessage(`{"subject":"Re: your quote request","body":"Thanks, we will send a quote shortly.","tone":"friendly"}`),
+			Confidence: 0.95,
+		}, {
+			Name:       "invoices",
+			Match:      registry.Match{SubjectKeywords: []string{"invoice"}},
+			Category:   "invoice",
+			Priority:   "normal",
+			Action:     catalogue.CloseItem,
+			Params:     json.RawMessage(`{"resolution":"invoices are handled by accounts"}`),
+			Confidence: 0.9,
+		}},
+	}
+}
+
+func (s *system) tenant(sp provision.TenantSpec) *devstack.Tenant {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tn, err := s.stack.AddTenant(ctx, sp)
+	if err != nil {
+		s.t.Fatalf("add tenant %s: %v", sp.ID, err)
+	}
+	return tn
+}
+
+// startBrain runs a brain replica until the returned stop is called (or
+// the test ends).
+func (s *system) startBrain(replica string, mutate func(*brain.Config)) (stop func()) {
+	s.t.Helper()
+	cfg := s.stack.BrainConfig(replica)
+	cfg.Streams = s.streams
+	cfg.RegistryRefresh = time.Second
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- brain.Run(ctx, cfg, slog.New(s.logs.handler()).With("component", "brain")) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				s.t.Errorf("brain %s: %v", replica, err)
+			}
+		})
+	}
+	s.t.Cleanup(stop)
+	return stop
+}
+
+// edgeClient talks to a running edge as n8n would.
+type edgeClient struct {
+	t     *testing.T
+	base  string
+	token string
+}
+
+func (s *system) startEdge(tn *devstack.Tenant, mutate func(*edge.Config)) *edgeClient {
+	s.t.Helper()
+	cfg := s.stack.EdgeConfig(tn)
+	cfg.TurnWait = 15 * time.Second
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- edge.Serve(ctx, ln, cfg, slog.New(s.logs.handler()).With("component", "edge")) }()
+	s.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			s.t.Errorf("edge %s: %v", tn.ID, err)
+		}
+	})
+	return &edgeClient{t: s.t, base: "http://" + ln.Addr().String(), token: tn.Token}
+}
+
+type response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+func (r response) reply(t *testing.T) wire.TurnSubmitReply {
+	t.Helper()
+	if r.Status != http.StatusOK {
+		t.Fatalf("want 200, got %d: %s", r.Status, r.Body)
+	}
+	var rep wire.TurnSubmitReply
+	if err := json.Unmarshal(r.Body, &rep); err != nil {
+		t.Fatalf("decode reply %s: %v", r.Body, err)
+	}
+	return rep
+}
+
+func (r response) error(t *testing.T, status int) *wire.Error {
+	t.Helper()
+	if r.Status != status {
+		t.Fatalf("want %d, got %d: %s", status, r.Status, r.Body)
+	}
+	var er wire.ErrorReply
+	if err := json.Unmarshal(r.Body, &er); err != nil || er.Error == nil {
+		t.Fatalf("want an error body, got %s (%v)", r.Body, err)
+	}
+	return er.Error
+}
+
+func (c *edgeClient) do(method, path string, body any) response {
+	c.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		rd = bytes.NewReader(b)
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, c.base+path, rd)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return response{Status: res.StatusCode, Header: res.Header, Body: b}
+}
+
+func (c *edgeClient) submit(req any) response { return c.do(http.MethodPost, "/v1/turns", req) }
+
+// quoteEmail is turn 1 of a quote request that the "quotes" rule decides.
+func quoteEmail(id string) *wire.TurnSubmitRequest {
+	return &wire.TurnSubmitRequest{WorkItemID: id, Turn: 1, Email: &wire.Email{
+		MessageID: id, From: "Jo Bloggs <jo@customer.example>", Subject: "Quote for a new deck please",
+		Body: "Hi, could you quote for a 20m2 hardwood deck? Thanks, Jo"}}
+}
+
+// tenantDB opens the tenant's database as the admin, for assertions only.
+func (s *system) tenantDB(tn *devstack.Tenant) *pgx.Conn {
+	s.t.Helper()
+	return s.adminConn(tn.DB.DBName)
+}
+
+func (s *system) adminConn(db string) *pgx.Conn {
+	s.t.Helper()
+	cfg, err := pgx.ParseConfig(s.adminURL)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cfg.Database = db
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		s.t.Fatalf("connect %s as admin: %v", db, err)
+	}
+	s.t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func count(t *testing.T, conn *pgx.Conn, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := conn.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// brainConn is a BRAIN-account connection, as a brain replica has.
+func (s *system) brainConn() *nats.Conn {
+	s.t.Helper()
+	nc, err := nats.Connect(s.stack.NATS.ClientURL(), nats.UserCredentials(s.stack.BrainCreds))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(nc.Close)
+	return nc
+}
+
+// tenantConn is a connection with the tenant's edge credentials.
+func (s *system) tenantConn(tn *devstack.Tenant) *nats.Conn {
+	s.t.Helper()
+	nc, err := nats.Connect(s.stack.NATS.ClientURL(), nats.UserCredentials(tn.EdgeCreds))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(nc.Close)
+	return nc
+}
+
+// logSink collects every log line of the system under test, so a test can
+// assert what never reaches a log.
+type logSink struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logSink) handler() slog.Handler {
+	return slog.NewJSONHandler(&lockedWriter{l}, &slog.HandlerOptions{Level: slog.LevelDebug})
+}
+
+type lockedWriter struct{ l *logSink }
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.l.mu.Lock()
+	defer w.l.mu.Unlock()
+	return w.l.buf.Write(p)
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// eventually polls cond until it holds or the deadline passes. It is for
+// state that has no signal to wait on (a registry reload); each poll is a
+// real check, never a fixed sleep standing in for one.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func metric(t *testing.T, url, name string) int {
+	t.Helper()
+	res, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		var n int
+		if _, err := fmt.Sscanf(line, name+" %d", &n); err == nil {
+			return n
+		}
+	}
+	t.Fatalf("metric %s not found in %s", name, b)
+	return 0
+}
+
+func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o600) }
