@@ -309,4 +309,3 @@ func randomToken() string {
 	}
 	return base64.RawURLEncoding.EncodeToString(b)
 }
-

@@ -114,16 +114,37 @@ type Outcome struct {
 }
 
 // Model is the model stage the engine calls when no confident rule decides.
-// A nil Model means rules only: such items are escalated.
+// A nil Model means rules only: such items are escalated. Whatever it
+// proposes is re-admitted by the engine (guard), so a stage cannot widen
+// the tenant's closed set of actions.
 type Model interface {
-	Triage(ctx context.Context, in *Input, cp Checkpoints) (Outcome, error)
+	Triage(ctx context.Context, in *Input, rt Runtime) (Outcome, error)
 }
 
-// Checkpoints stores finished steps of the current turn so a re-driven turn
-// resumes after the last finished step.
-type Checkpoints interface {
+// Runtime is what a stage may use during one turn, all in the tenant's own
+// database: checkpoints of finished steps and the model-call ledger.
+type Runtime interface {
+	// Load returns a finished step's output of this turn, if any.
 	Load(ctx context.Context, step string) ([]byte, bool, error)
+	// Save records a finished step before the next one starts, so a turn
+	// re-driven after a crash resumes after it.
 	Save(ctx context.Context, step string, output []byte) error
+	// RecordModelCall writes one model call to the ledger.
+	RecordModelCall(ctx context.Context, c ModelCall) error
+	// TokensToday is the tenant's model token use since midnight UTC.
+	TokensToday(ctx context.Context) (int64, error)
+}
+
+// ModelCall is one ledger row: counts and timings, never prompt or content.
+type ModelCall struct {
+	Step          string
+	Attempt       int
+	Model         string
+	PromptVersion string
+	PromptTokens  int
+	OutputTokens  int
+	Latency       time.Duration
+	Outcome       string // ok, invalid_output, error, timeout
 }
 
 // Engine decides turns.
@@ -144,9 +165,9 @@ type InvalidInputError struct {
 func (e *InvalidInputError) Error() string { return e.Field + ": " + e.Message }
 
 // Decide runs the engine for one turn.
-func (e *Engine) Decide(ctx context.Context, in *Input, cp Checkpoints) (Outcome, error) {
+func (e *Engine) Decide(ctx context.Context, in *Input, rt Runtime) (Outcome, error) {
 	if in.Item.New {
-		return e.triage(ctx, in, cp)
+		return e.triage(ctx, in, rt)
 	}
 	if lr := in.Request.LatestResult; lr != nil {
 		return e.onResult(in, lr)
@@ -156,7 +177,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input, cp Checkpoints) (Outcome
 
 // triage assesses a new item: a confident rule decides alone; otherwise the
 // model stage runs, or, without a model, the item goes to a human.
-func (e *Engine) triage(ctx context.Context, in *Input, cp Checkpoints) (Outcome, error) {
+func (e *Engine) triage(ctx context.Context, in *Input, rt Runtime) (Outcome, error) {
 	rule := matchRule(in.Tenant.Rules, in.Item.Email)
 	if rule != nil && (rule.Confidence >= ConfidentRule || e.model == nil) {
 		return e.fromRule(in, rule), nil
@@ -164,7 +185,7 @@ func (e *Engine) triage(ctx context.Context, in *Input, cp Checkpoints) (Outcome
 	if e.model == nil {
 		return Escalate(in, unassessed(), ReasonNoRuleMatched), nil
 	}
-	out, err := e.model.Triage(ctx, in, cp)
+	out, err := e.model.Triage(ctx, in, rt)
 	if err != nil {
 		return Outcome{}, err
 	}
@@ -225,7 +246,9 @@ type AdmitError struct {
 	Problem string
 }
 
-func (e *AdmitError) Error() string { return fmt.Sprintf("action %q not admitted: %s", e.Action, e.Problem) }
+func (e *AdmitError) Error() string {
+	return fmt.Sprintf("action %q not admitted: %s", e.Action, e.Problem)
+}
 
 // Admit is the only way an action becomes a Proposal: it must exist in the
 // pinned catalogue version, be enabled for the tenant, and its parameters

@@ -270,3 +270,35 @@ func CheckpointPut(ctx context.Context, q DBTX, workItemID string, turn int, ste
 		ON CONFLICT (work_item_id, turn, step) DO NOTHING`, workItemID, turn, step, output)
 	return translate(err, "save checkpoint "+step)
 }
+
+// ModelCall is one row of the model-call ledger.
+type ModelCall struct {
+	TenantID      string
+	WorkItemID    string
+	Turn          int
+	Step          string
+	Attempt       int
+	Model         string
+	PromptVersion string
+	PromptTokens  int
+	OutputTokens  int
+	Latency       time.Duration
+	Outcome       string
+}
+
+// ModelCallInsert records a model call. It runs outside the turn's final
+// transaction on purpose: a call is paid for even if the turn later fails.
+func ModelCallInsert(ctx context.Context, q DBTX, c ModelCall) error {
+	_, err := q.Exec(ctx, `INSERT INTO model_calls (tenant_id, work_item_id, turn, step, attempt, model, prompt_version,
+		prompt_tokens, output_tokens, latency_ms, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		c.TenantID, c.WorkItemID, c.Turn, c.Step, c.Attempt, c.Model, c.PromptVersion, c.PromptTokens, c.OutputTokens,
+		c.Latency.Milliseconds(), c.Outcome)
+	return translate(err, "insert model call")
+}
+
+// ModelTokensSince sums prompt and output tokens of calls since t.
+func ModelTokensSince(ctx context.Context, q DBTX, t time.Time) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, `SELECT COALESCE(sum(prompt_tokens + output_tokens), 0) FROM model_calls WHERE created_at >= $1`, t).Scan(&n)
+	return n, translate(err, "sum model tokens")
+}

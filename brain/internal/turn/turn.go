@@ -165,7 +165,7 @@ func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry
 		out = engine.Halt(in.Item)
 		p.Counters.Halted.Add(1)
 	} else {
-		out, err = p.engine.Decide(ctx, in, &checkpoints{q: pool, workItemID: req.WorkItemID, turn: req.Turn, tenant: t.ID, hooks: p.hooks})
+		out, err = p.engine.Decide(ctx, in, &runtime{q: pool, workItemID: req.WorkItemID, turn: req.Turn, tenant: t.ID, hooks: p.hooks})
 		var iie *engine.InvalidInputError
 		if errors.As(err, &iie) {
 			return p.reject(ans, &wire.Error{Code: wire.CodeInvalid, Field: iie.Field, Message: iie.Error()}), nil
@@ -316,8 +316,9 @@ func nextItem(in *engine.Input, prev store.WorkItem, out engine.Outcome, req *wi
 	return w
 }
 
-// checkpoints stores engine steps of one turn in the tenant database.
-type checkpoints struct {
+// runtime gives the engine one turn's checkpoints and ledger in the
+// tenant's database.
+type runtime struct {
 	q          store.DBTX
 	tenant     registry.TenantID
 	workItemID string
@@ -325,24 +326,34 @@ type checkpoints struct {
 	hooks      Hooks
 }
 
-func (c *checkpoints) Load(ctx context.Context, step string) ([]byte, bool, error) {
-	b, err := store.CheckpointGet(ctx, c.q, c.workItemID, c.turn, step)
+func (r *runtime) Load(ctx context.Context, step string) ([]byte, bool, error) {
+	b, err := store.CheckpointGet(ctx, r.q, r.workItemID, r.turn, step)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, false, nil
 	}
 	return b, err == nil, err
 }
 
-func (c *checkpoints) Save(ctx context.Context, step string, output []byte) error {
-	if err := store.CheckpointPut(ctx, c.q, c.workItemID, c.turn, step, output); err != nil {
+func (r *runtime) Save(ctx context.Context, step string, output []byte) error {
+	if err := store.CheckpointPut(ctx, r.q, r.workItemID, r.turn, step, output); err != nil {
 		return err
 	}
-	if h := c.hooks.AfterStepFunc; h != nil {
-		if err := h(c.tenant, c.workItemID, c.turn, step); err != nil {
+	if h := r.hooks.AfterStepFunc; h != nil {
+		if err := h(r.tenant, r.workItemID, r.turn, step); err != nil {
 			return fmt.Errorf("%w after step %s: %v", ErrCrash, step, err)
 		}
 	}
 	return nil
+}
+
+func (r *runtime) RecordModelCall(ctx context.Context, c engine.ModelCall) error {
+	return store.ModelCallInsert(ctx, r.q, store.ModelCall{TenantID: string(r.tenant), WorkItemID: r.workItemID,
+		Turn: r.turn, Step: c.Step, Attempt: c.Attempt, Model: c.Model, PromptVersion: c.PromptVersion,
+		PromptTokens: c.PromptTokens, OutputTokens: c.OutputTokens, Latency: c.Latency, Outcome: c.Outcome})
+}
+
+func (r *runtime) TokensToday(ctx context.Context) (int64, error) {
+	return store.ModelTokensSince(ctx, r.q, time.Now().UTC().Truncate(24*time.Hour))
 }
 
 // Refuse is the answer for a turn rejected before it reached a tenant's
