@@ -23,7 +23,8 @@ import (
 //
 // and every subject it publishes:
 //
-//	brain.reply.<account>.<key>   stored in RESULTS and pushed live to the tenant's reply.<key>
+//	brain.reply.<account>.<key>   stored in RESULTS; the stream republishes it to
+//	                              brain.live.<account>.<key>, exported to the tenant's reply.<key>
 //
 // <account> is written by the NATS server (account token position 3): it is
 // the only source of the tenant's identity.
@@ -134,7 +135,10 @@ func (b *brain) publishReply(ctx context.Context, account, key string, seq uint6
 	msg.Header.Set(wire.HeaderStatus, status)
 	msg.Header.Set(wire.HeaderFingerprint, ans.Fingerprint)
 	msg.Header.Set(wire.HeaderTurnSeq, strconv.FormatUint(seq, 10))
-	_, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID("reply."+key+"."+strconv.FormatUint(seq, 10)))
+	// No message id: a replay after a crash must be stored (and so
+	// republished live) again, not swallowed by the dedupe window. RESULTS
+	// keeps one message per subject, so nothing accumulates.
+	_, err := b.js.PublishMsg(ctx, msg)
 	return err
 }
 

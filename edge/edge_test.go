@@ -391,7 +391,7 @@ func TestTurnSubmitPendingThenFetch(t *testing.T) {
 	if r.header.Get("Location") != url || r.header.Get("Retry-After") != "2" {
 		t.Errorf("202 headers Location %q Retry-After %q; want %q and 2", r.header.Get("Location"), r.header.Get("Retry-After"), url)
 	}
-	var pending turnPendingReply
+	var pending wire.TurnPendingReply
 	must(t, json.Unmarshal(r.body, &pending))
 	if pending.Status != "pending" || pending.TurnKey != key || pending.ResultURL != url || pending.Message == "" {
 		t.Errorf("202 body %+v", pending)
@@ -502,6 +502,9 @@ func TestTurnSubmitStoredWithoutLiveReply(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	rc := stream.Results(stream.Config{Memory: true})
+	// Without the republish a stored reply is never live: the case of a
+	// live reply lost while the edge was reconnecting.
+	rc.RePublish = nil
 	rc.Subjects = append(rc.Subjects, "brain.event.stage.>")
 	rc.SubjectTransform = &jetstream.SubjectTransformConfig{
 		Source: "brain.event.stage.*.*", Destination: "brain.reply.{{wildcard(1)}}.{{wildcard(2)}}",

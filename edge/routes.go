@@ -146,18 +146,9 @@ func handleTurnSubmit(d deps) http.Handler {
 	})
 }
 
-// turnPendingReply is the body of a 202: the turn is accepted, its decision
-// is not ready yet, and result_url will have it.
-type turnPendingReply struct {
-	Status    string `json:"status"`
-	TurnKey   string `json:"turn_key"`
-	ResultURL string `json:"result_url"`
-	Message   string `json:"message"`
-}
-
 func writePending(w http.ResponseWriter, key string) {
 	url := "/v1/turns/" + key
-	body, _ := json.Marshal(turnPendingReply{
+	body, _ := json.Marshal(wire.TurnPendingReply{
 		Status:    "pending",
 		TurnKey:   key,
 		ResultURL: url,

@@ -34,6 +34,10 @@ const (
 const (
 	turnPrefix  = "brain.turn."
 	replyPrefix = "brain.reply."
+	// livePrefix carries replies to tenants live. RESULTS republishes every
+	// stored reply from brain.reply.> to brain.live.>, so a live reply
+	// always means the reply is already stored and fetchable.
+	livePrefix  = "brain.live."
 	apiPrefix   = "brain.api."
 	eventPrefix = "brain.event."
 	// resultPrefix is JetStream's direct-get API on the RESULTS stream, for
@@ -45,6 +49,7 @@ const (
 const (
 	TurnExport   = turnPrefix + "*.>"
 	ReplyExport  = replyPrefix + "*.>"
+	LiveExport   = livePrefix + "*.>"
 	APIExport    = apiPrefix + "*.>"
 	EventExport  = eventPrefix + "*.>"
 	ResultExport = resultPrefix + "*.>"
@@ -53,6 +58,10 @@ const (
 	TurnsStreamSubject = TurnExport
 	// ResultsStreamSubject is what the RESULTS stream captures.
 	ResultsStreamSubject = ReplyExport
+	// ResultsRePublishSource and ResultsRePublishDest map stored replies to
+	// the live subjects tenants import.
+	ResultsRePublishSource = replyPrefix + ">"
+	ResultsRePublishDest   = livePrefix + ">"
 )
 
 // Account token positions (counted from 1, as NATS counts) of each export.
@@ -92,7 +101,7 @@ type Import struct {
 func TenantImports(account string) []Import {
 	return []Import{
 		{Name: "turns", Subject: turnPrefix + account + ".>", Local: LocalTurn + ">", IsService: true},
-		{Name: "replies", Subject: replyPrefix + account + ".>", Local: LocalReply + ">"},
+		{Name: "replies", Subject: livePrefix + account + ".>", Local: LocalReply + ">"},
 		{Name: "results", Subject: resultPrefix + account + ".>", Local: LocalResult + ">", IsService: true},
 		{Name: "api", Subject: apiPrefix + account + ".>", Local: LocalAPI + ">", IsService: true},
 		{Name: "events", Subject: eventPrefix + account + ".>", Local: LocalEvent + ">"},
@@ -111,7 +120,7 @@ type Export struct {
 func BrainExports() []Export {
 	return []Export{
 		{Name: "turns", Subject: TurnExport, TokenPosition: AccountTokenPosition, IsService: true},
-		{Name: "replies", Subject: ReplyExport, TokenPosition: AccountTokenPosition},
+		{Name: "replies", Subject: LiveExport, TokenPosition: AccountTokenPosition},
 		{Name: "results", Subject: ResultExport, TokenPosition: ResultAccountTokenPosition, IsService: true},
 		{Name: "api", Subject: APIExport, TokenPosition: AccountTokenPosition, IsService: true},
 		{Name: "events", Subject: EventExport, TokenPosition: AccountTokenPosition},
@@ -151,8 +160,12 @@ func ValidTurnKey(s string) bool {
 // Turn is the subject a turn arrives on in the BRAIN account.
 func Turn(account, key string) string { return turnPrefix + account + "." + key }
 
-// Reply is the subject the brain publishes a turn's answer on.
+// Reply is the subject the brain publishes a turn's answer on (into RESULTS).
 func Reply(account, key string) string { return replyPrefix + account + "." + key }
+
+// Live is the subject RESULTS republishes a stored answer on, exported to
+// the tenant as reply.<key>.
+func Live(account, key string) string { return livePrefix + account + "." + key }
 
 // Event is the subject the brain publishes a tenant event on.
 func Event(account, eventID string) string { return eventPrefix + account + "." + eventID }

@@ -132,6 +132,17 @@ type Action struct {
 	ApprovalID       string          `json:"approval_id,omitempty"`
 }
 
+// TurnPendingReply is the body of the edge's 202: the turn is accepted and
+// still being decided. GET ResultURL (or re-submit the same turn, which is
+// idempotent) for the decision. n8n treats a 202 as success, so a workflow
+// branches on Status == "pending".
+type TurnPendingReply struct {
+	Status    string `json:"status"` // always "pending"
+	TurnKey   string `json:"turn_key"`
+	ResultURL string `json:"result_url"`
+	Message   string `json:"message"`
+}
+
 // Fingerprint identifies a request's content: the same logical request always
 // has the same fingerprint, whatever whitespace or key order it arrived with.
 func Fingerprint(r *TurnSubmitRequest) string {

@@ -185,7 +185,8 @@ func Permissions(r Role) jwt.Permissions {
 	switch r {
 	case RoleBrain:
 		p.Pub.Allow.Add("$JS.API.>", "$JS.ACK.>", "brain.reply.>", "brain.event.>", "_INBOX.>")
-		p.Pub.Deny.Add(subjects.TurnExport, "brain.turn.>")
+		// Only imports produce turns; only the RESULTS stream produces live replies.
+		p.Pub.Deny.Add("brain.turn.>", subjects.LiveExport)
 		p.Sub.Allow.Add("_INBOX.>", subjects.APIExport)
 		// Answer API requests arriving through the service import on their
 		// _R_ reply subjects, one response each.

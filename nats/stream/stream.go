@@ -96,7 +96,8 @@ func Turns(c Config) jetstream.StreamConfig {
 }
 
 // Results is the RESULTS stream: the last reply of each turn, one per
-// subject, readable by the tenant through direct get on its result import.
+// subject, readable by the tenant through direct get on its result import
+// and republished to brain.live.<account>.<key> for the live path.
 func Results(c Config) jetstream.StreamConfig {
 	c = c.withDefaults()
 	return jetstream.StreamConfig{
@@ -110,9 +111,12 @@ func Results(c Config) jetstream.StreamConfig {
 		MaxMsgsPerSubject: 1,
 		MaxMsgSize:        1 << 20,
 		AllowDirect:       true,
-		Duplicates:        c.Duplicates,
-		Storage:           c.storage(),
-		Replicas:          c.Replicas,
+		// A reply reaches the tenant live only once it is stored: the stream
+		// republishes it, so a live reply and a fetchable result never race.
+		RePublish:  &jetstream.RePublish{Source: subjects.ResultsRePublishSource, Destination: subjects.ResultsRePublishDest},
+		Duplicates: c.Duplicates,
+		Storage:    c.storage(),
+		Replicas:   c.Replicas,
 	}
 }
 
