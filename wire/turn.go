@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -154,6 +155,19 @@ func Fingerprint(r *TurnSubmitRequest) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// EncodeReply is the one encoding of a decision: the bytes the brain stores
+// and sends. Work item ids are e-mail message ids, so '<' and '>' are kept
+// as they are rather than HTML-escaped.
+func EncodeReply(r *TurnSubmitReply) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(r); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
 // MarkReplayed returns a stored reply with replayed set to true. Every replay
 // of the same stored reply is byte-identical.
 func MarkReplayed(stored []byte) ([]byte, error) {
@@ -162,7 +176,7 @@ func MarkReplayed(stored []byte) ([]byte, error) {
 		return nil, fmt.Errorf("decode stored reply: %w", err)
 	}
 	r.Replayed = true
-	return json.Marshal(&r)
+	return EncodeReply(&r)
 }
 
 // DecodeTurnSubmitRequest decodes and validates a turn strictly.

@@ -38,7 +38,7 @@ CREATE TABLE triage_rules (
     priority   text NOT NULL,
     action     text,
     params     jsonb NOT NULL DEFAULT '{}',
-    confidence real NOT NULL DEFAULT 1 CHECK (confidence >= 0 AND confidence <= 1),
+    confidence double precision NOT NULL DEFAULT 1 CHECK (confidence >= 0 AND confidence <= 1),
     PRIMARY KEY (tenant_id, position),
     UNIQUE (tenant_id, name)
 );

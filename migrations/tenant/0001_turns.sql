@@ -10,7 +10,7 @@ CREATE TABLE work_items (
     needs_human       boolean NOT NULL DEFAULT false,
     category          text,
     priority          text,
-    confidence        real,
+    confidence        double precision,
     assessment_source text,
     catalogue_version integer NOT NULL,
     approval_mode     text NOT NULL CHECK (approval_mode IN ('review_app', 'mailbox')),

@@ -96,15 +96,13 @@ const workItemColumns = `id, turn, status, COALESCE(status_reason, ''), needs_hu
 
 func scanWorkItem(row pgx.CollectableRow) (WorkItem, error) {
 	var w WorkItem
-	var conf float32
 	var email, human []byte
 	err := row.Scan(&w.ID, &w.Turn, &w.Status, &w.StatusReason, &w.NeedsHuman, &w.Category, &w.Priority,
-		&conf, &w.AssessmentSource, &w.CatalogueVersion, &w.ApprovalMode, &email, &w.LastAction,
+		&w.Confidence, &w.AssessmentSource, &w.CatalogueVersion, &w.ApprovalMode, &email, &w.LastAction,
 		&w.LastActionParams, &w.ActionState, &w.Outcome, &human, &w.ClosedAt, &w.CreatedAt, &w.UpdatedAt)
 	if err != nil {
 		return w, err
 	}
-	w.Confidence = float64(conf)
 	if email != nil {
 		w.Email = new(wire.Email)
 		if err := json.Unmarshal(email, w.Email); err != nil {

@@ -181,7 +181,7 @@ func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry
 			return Answer{}, err
 		}
 	}
-	body, err := json.Marshal(&reply)
+	body, err := wire.EncodeReply(&reply)
 	if err != nil {
 		return Answer{}, fmt.Errorf("encode reply: %w", err)
 	}

@@ -1,0 +1,44 @@
+# The README's two commands are `make dev` and `make test`; .ci/run calls `make test`.
+GO ?= go
+PKGS := ./...
+
+.PHONY: dev test test-short lint verify build bench fuzz
+
+## dev: start the development stack (Postgres in .data/pg, embedded NATS, 2 brain replicas, client-zero's edge)
+dev:
+	@deploy/ensure-postgres.sh
+	$(GO) run ./deploy/cmd/devstack up
+
+## test: the whole suite against a real local Postgres and embedded NATS (what CI runs)
+test:
+	@deploy/ensure-postgres.sh
+	@eval "$$($(GO) run ./deploy/cmd/devstack pg-env)" && $(GO) test -race -count=1 -timeout 25m $(PKGS)
+
+## test-short: the tests that need no Postgres (the others skip and say so)
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+## lint: vet and formatting
+lint:
+	$(GO) vet $(PKGS)
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+## verify: lint, and fail on any diff after go mod tidy
+verify: lint
+	$(GO) mod tidy
+	git diff --exit-code go.mod go.sum
+
+## build: the binaries into bin/
+build:
+	$(GO) build -o bin/ ./brain/cmd/brain ./edge/cmd/edge ./deploy/cmd/devstack
+
+## bench: the turn benchmarks of BENCHMARKS.md
+bench:
+	@deploy/ensure-postgres.sh
+	@eval "$$($(GO) run ./deploy/cmd/devstack pg-env)" && $(GO) test -run '^$$' -bench . -benchtime 2000x -count 1 ./tests/
+
+## fuzz: run each fuzz target for a while (FUZZTIME=30s by default)
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecodeTurnSubmitRequest -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run '^$$' -fuzz FuzzTurnSubmitDecode -fuzztime $(FUZZTIME) ./edge/

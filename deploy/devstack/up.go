@@ -1,0 +1,136 @@
+package devstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"n8nbrain/brain"
+	"n8nbrain/deploy/localpg"
+	"n8nbrain/edge"
+	"n8nbrain/internal/testdb"
+	"n8nbrain/provision"
+	"n8nbrain/registry"
+)
+
+// UpOptions configure the development stack.
+type UpOptions struct {
+	Dir      string // state folder, default .data
+	PGPort   int
+	NATSPort int
+	EdgeAddr string
+	OpsAddr  string
+	Replicas int
+	// Getenv supplies brain settings not owned by the stack (model, workers).
+	Getenv func(string) string
+}
+
+// Up runs the development stack until ctx is done: Postgres initialised in
+// Dir/pg, embedded NATS with generated accounts, the registry, tenant
+// client-zero, brain replicas and client-zero's edge. It prints a curl that
+// submits a turn.
+func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error {
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pg, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(o.Dir, "pg"), Port: o.PGPort, Logger: log})
+	if err != nil {
+		return err
+	}
+	st, err := Start(ctx, Config{Dir: filepath.Join(o.Dir, "stack"), AdminURL: pg.AdminURL(), NATSPort: o.NATSPort,
+		Logger: log.With("component", "nats")})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	tn, err := st.EnsureTenant(ctx, ClientZeroSpec())
+	if err != nil {
+		return err
+	}
+
+	base, err := brain.ConfigFromEnv(o.Getenv)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, o.Replicas+1)
+	for i := 1; i <= o.Replicas; i++ {
+		cfg := base
+		own := st.BrainConfig(fmt.Sprintf("dev-%d", i))
+		cfg.NATSURL, cfg.CredsFile, cfg.RegistryURL, cfg.SealingKey, cfg.Replica = own.NATSURL, own.CredsFile, own.RegistryURL, own.SealingKey, own.Replica
+		if i == 1 {
+			cfg.OpsAddr = o.OpsAddr
+		}
+		wg.Go(func() { errs <- brain.Run(ctx, cfg, log.With("component", "brain")) })
+	}
+	ln, err := net.Listen("tcp", o.EdgeAddr)
+	if err != nil {
+		return fmt.Errorf("edge listen: %w", err)
+	}
+	wg.Go(func() { errs <- edge.Serve(ctx, ln, st.EdgeConfig(tn), log.With("component", "edge")) })
+
+	fmt.Fprintf(out, `
+The development stack is up.
+  NATS        %s (operator mode; creds in %s)
+  Postgres    %s (admin URL in %s)
+  brain       %d replicas; metrics at http://%s/metrics
+  edge        http://%s for tenant %s
+
+Submit a turn as n8n would:
+
+  curl -sS -X POST http://%s/v1/turns \
+    -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' \
+    -d '{"work_item_id":"<demo-1@customer.example>","turn":1,"email":{"from":"Jo <jo@customer.example>","subject":"Quote for a new deck","body":"Hi, could you quote for a 20m2 deck?"}}'
+
+Ctrl-C stops everything; state stays in %s.
+`, st.NATS.ClientURL(), filepath.Join(o.Dir, "stack", "creds"), "127.0.0.1:"+fmt.Sprint(pg.Port), pg.AdminURLFile(),
+		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, ln.Addr(), tn.Token, o.Dir)
+
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errs: // a component stopped on its own: stop the rest
+		cancel()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		first = errors.Join(first, err)
+	}
+	return first
+}
+
+// EnsureTenant loads a tenant this stack created before, or creates it.
+func (s *Stack) EnsureTenant(ctx context.Context, spec provision.TenantSpec) (*Tenant, error) {
+	conn, err := s.Ops.RegistryAdmin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	_, getErr := registry.TenantGet(ctx, conn, spec.ID)
+	if getErr == nil {
+		if t, err := s.LoadTenant(spec.ID); err == nil {
+			return t, nil
+		}
+	}
+	return s.AddTenant(ctx, spec)
+}
+
+// PGEnv starts (or reuses) the local Postgres and prints the variable the
+// tests read, for `eval "$(devstack pg-env)"`.
+func PGEnv(ctx context.Context, o UpOptions, out io.Writer) error {
+	pg, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(o.Dir, "pg"), Port: o.PGPort})
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "export %s='%s'\n", testdb.EnvAdminURL, pg.AdminURL())
+	return err
+}

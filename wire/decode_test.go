@@ -1,0 +1,151 @@
+package wire
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestDecodeTurnSubmitRequest(t *testing.T) {
+	t.Parallel()
+	valid := `{"work_item_id":"<a.b@c>","turn":1,"email":{"from":"a@b.example","subject":"s","body":"b"}}`
+	tests := []struct {
+		name  string
+		in    string
+		field string // "" with ok=true: valid
+		ok    bool
+	}{
+		{"Valid", valid, "", true},
+		{"ValidLaterTurn", `{"work_item_id":"w","turn":2,"latest_result":{"action":"send_reply","outcome":"succeeded"}}`, "", true},
+		{"UnknownField", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"b"},"priority":"high"}`, "priority", false},
+		{"UnknownNestedField", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"b","bcc":"x"}}`, "email.bcc", false},
+		{"CaseVariantIsUnknown", `{"Work_Item_ID":"w","turn":1}`, "Work_Item_ID", false},
+		{"DuplicateKey", `{"work_item_id":"w","work_item_id":"v","turn":1}`, "work_item_id", false},
+		{"DuplicateNestedKey", `{"work_item_id":"w","turn":1,"email":{"from":"a","from":"b","subject":"s","body":"b"}}`, "email.from", false},
+		{"Trailing", valid + `{}`, "", false},
+		{"TrailingGarbage", valid + ` x`, "", false},
+		{"WrongType", `{"work_item_id":"w","turn":"1"}`, "turn", false},
+		{"Fraction", `{"work_item_id":"w","turn":1.5}`, "turn", false},
+		{"Overflow", `{"work_item_id":"w","turn":99999999999999999999}`, "turn", false},
+		{"NullScalar", `{"work_item_id":null,"turn":1}`, "work_item_id", false},
+		{"NullPointerIsAbsent", `{"work_item_id":"w","turn":2,"email":null}`, "", true},
+		{"ArrayElementType", `{"work_item_id":"w","turn":1,"email":{"from":"a","to":["x",3],"subject":"s","body":"b"}}`, "email.to[1]", false},
+		{"NotObject", `[1,2]`, "", false},
+		{"Empty", ``, "", false},
+		{"InvalidUTF8", "{\"work_item_id\":\"\xff\",\"turn\":1}", "", false},
+		{"MissingEmailOnTurnOne", `{"work_item_id":"w","turn":1}`, "email", false},
+		{"TurnZero", `{"work_item_id":"w","turn":0}`, "turn", false},
+		{"ControlCharInID", `{"work_item_id":"a\u0000b","turn":2}`, "work_item_id", false},
+		{"BadOutcome", `{"work_item_id":"w","turn":2,"latest_result":{"action":"x","outcome":"maybe"}}`, "latest_result.outcome", false},
+		{"ClosedManualNeedsHumanAction", `{"work_item_id":"w","turn":2,"latest_result":{"action":"send_reply","outcome":"closed_manual"}}`, "latest_result.human_action", false},
+		{"BadTime", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"b","received_at":"yesterday"}}`, "", false},
+		{"TooLarge", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"` + strings.Repeat("x", MaxTurnBytes) + `"}}`, "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := DecodeTurnSubmitRequest([]byte(tt.in))
+			if tt.ok {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("want *wire.Error, got %T %v", err, err)
+			}
+			if e.Code != CodeInvalid {
+				t.Fatalf("code %q, want invalid", e.Code)
+			}
+			if tt.field != "" && e.Field != tt.field {
+				t.Fatalf("field %q, want %q (%v)", e.Field, tt.field, e)
+			}
+			if e.Message == "" {
+				t.Fatal("empty message")
+			}
+		})
+	}
+}
+
+func TestFingerprintIgnoresEncoding(t *testing.T) {
+	t.Parallel()
+	a, err := DecodeTurnSubmitRequest([]byte(`{"turn":1,"work_item_id":"w","email":{"body":"b","from":"a","subject":"s"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := DecodeTurnSubmitRequest([]byte("{ \"work_item_id\" : \"w\",\n \"turn\": 1, \"email\": {\"from\":\"a\",\"subject\":\"s\",\"body\":\"b\"} }"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Fingerprint(a) != Fingerprint(b) {
+		t.Fatal("same request, different fingerprints")
+	}
+	b.Email.Body = "c"
+	if Fingerprint(a) == Fingerprint(b) {
+		t.Fatal("different requests, same fingerprint")
+	}
+}
+
+func TestMarkReplayedIsStable(t *testing.T) {
+	t.Parallel()
+	orig, err := EncodeReply(&TurnSubmitReply{WorkItemID: "<x@y>", Turn: 1, NextTurn: 2, Status: WorkItemStatusOpen,
+		Action: &Action{Name: "close_item", Params: []byte(`{"resolution":"done"}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(orig), `"<x@y>"`) {
+		t.Fatalf("work item id escaped: %s", orig)
+	}
+	a, err := MarkReplayed(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := MarkReplayed(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(a) != string(b) || !strings.Contains(string(a), `"replayed":true`) {
+		t.Fatalf("replays differ or unmarked:\n%s\n%s", a, b)
+	}
+	if strings.Replace(string(a), `"replayed":true`, `"replayed":false`, 1) != string(orig) {
+		t.Fatalf("replay changed more than the flag:\n%s\n%s", orig, a)
+	}
+}
+
+// FuzzDecodeTurnSubmitRequest is the brain's message decoder (and the
+// edge's): no input panics, every rejection is a typed invalid error, and
+// whatever is accepted re-encodes to an accepted request with the same
+// fingerprint.
+func FuzzDecodeTurnSubmitRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"work_item_id":"<a.b@c>","turn":1,"email":{"from":"a@b","subject":"s","body":"b"}}`,
+		`{"work_item_id":"w","turn":2,"latest_result":{"action":"send_reply","outcome":"closed_manual","human_action":{"kind":"replied","text":"t"}}}`,
+		`{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"b","received_at":"2026-01-02T03:04:05Z"}}`,
+		`{"work_item_id":"w","work_item_id":"w","turn":1}`,
+		`{"a":{"b":{"c":[[[[[]]]]]}}}`,
+		`{"work_item_id":"w","turn":1e400}`,
+		"\xff\xfe",
+		``,
+		`null`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req, err := DecodeTurnSubmitRequest(data)
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) || e.Code != CodeInvalid || e.Message == "" {
+				t.Fatalf("rejection is not a typed invalid error: %T %v", err, err)
+			}
+			return
+		}
+		again, err := DecodeTurnSubmitRequest(mustMarshal(t, req))
+		if err != nil {
+			t.Fatalf("accepted request does not re-decode: %v", err)
+		}
+		if Fingerprint(req) != Fingerprint(again) {
+			t.Fatal("fingerprint changed across a re-encode")
+		}
+	})
+}
