@@ -18,15 +18,26 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"n8nbrain/brain/internal/capture"
 	"n8nbrain/brain/internal/engine"
+	"n8nbrain/brain/internal/model"
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/brain/internal/turn"
 	"n8nbrain/nats/stream"
 	"n8nbrain/registry"
 )
 
-// Run runs one brain replica until ctx is done.
+// Run runs one brain replica until ctx is done. A replica asked to stop
+// while it is still starting returns nil, like one stopped after.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	err := run(ctx, cfg, log)
+	if err != nil && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return fmt.Errorf("brain config: %w", err)
@@ -71,15 +82,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 
-	eng := engine.New(nil)
+	mc, stage, err := modelStage(ctx, cfg.Model, log)
+	if err != nil {
+		return err
+	}
+	var m engine.Model // stays a nil interface without a model: rules only
+	if stage != nil {
+		m = stage
+	}
+	eng := engine.New(m)
 	proc := turn.New(dir, eng, nil, nil, turn.Hooks(cfg.Hooks), log)
-	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc}
+	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc, model: mc, stage: stage}
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = dir.Run(runCtx) })
-
 	cc, err := b.consumeTurns(ctx, cons)
 	if err != nil {
 		return err
@@ -121,8 +139,51 @@ type brain struct {
 	js   jetstream.JetStream
 	dir  *tenancy.Directory
 	proc *turn.Processor
+	// model and stage are nil when the brain runs rules only.
+	model *model.Client
+	stage *capture.Stage
 
 	inflight sync.WaitGroup
+}
+
+// modelStage builds the model client and stage, or nothing (rules only)
+// when no model server is configured. A server that does not answer at
+// start-up is a warning, not a failure: the circuit breaker keeps items
+// from waiting on it, and they are escalated as model_unavailable.
+func modelStage(ctx context.Context, cfg ModelConfig, log *slog.Logger) (*model.Client, *capture.Stage, error) {
+	if cfg.URL == "" {
+		log.Info("no model server configured (BRAIN_OLLAMA_URL): running rules only; items no confident rule decides are escalated to a human")
+		return nil, nil, nil
+	}
+	u, err := model.ParseURL(cfg.URL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("brain config: BRAIN_OLLAMA_URL: %w", err)
+	}
+	mc, err := model.New(model.Config{
+		URL:           cfg.URL,
+		Timeout:       cfg.Timeout,
+		KeepAlive:     cfg.KeepAlive,
+		RetryDelay:    cfg.RetryDelay,
+		MaxConcurrent: cfg.Concurrency,
+		Breaker: model.BreakerConfig{
+			Window:       cfg.BreakerWindow,
+			MinCalls:     cfg.BreakerMinCalls,
+			FailureRatio: cfg.BreakerFailureRatio,
+			CoolDown:     cfg.BreakerCoolDown,
+		},
+	}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	stage := capture.New(mc, capture.Config{DefaultModel: cfg.Name}, log)
+	if v, err := mc.Ping(ctx); err != nil {
+		log.Warn("model server not reachable at start-up; items needing the model are escalated as model_unavailable until it answers",
+			"model_url", u.Redacted(), "model", cfg.Name, "error", err)
+	} else {
+		log.Info("model stage configured", "model_url", u.Redacted(), "model", cfg.Name, "ollama_version", v,
+			"model_timeout", cfg.Timeout.String())
+	}
+	return mc, stage, nil
 }
 
 // waitInflight waits for turns in flight, at most grace; the rest are

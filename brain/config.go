@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"n8nbrain/brain/internal/model"
 	"n8nbrain/nats/stream"
 	"n8nbrain/registry"
 )
@@ -46,9 +47,50 @@ type Config struct {
 	OpsAddr string
 	// OpsListener, when set, is used instead of listening on OpsAddr (tests).
 	OpsListener net.Listener
+	// Model configures the model stage; without a URL the brain runs rules only.
+	Model ModelConfig
 	// Hooks inject faults in tests; nil in production.
 	Hooks Hooks
 }
+
+// ModelConfig is the model server and how the brain calls it. The zero
+// value of a field means its default.
+type ModelConfig struct {
+	// URL of the Ollama server. BRAIN_OLLAMA_URL, else OLLAMA_HOST; empty
+	// means no model: the brain runs rules only and escalates every item
+	// that no confident rule decides.
+	URL string
+	// Name is the model for tenants whose registry entry names none.
+	// BRAIN_MODEL, default DefaultModel.
+	Name string
+	// Timeout bounds one model call. BRAIN_MODEL_TIMEOUT, default 60s.
+	Timeout time.Duration
+	// KeepAlive is how long Ollama keeps the model loaded after a call.
+	// BRAIN_MODEL_KEEP_ALIVE, default 30m.
+	KeepAlive time.Duration
+	// RetryDelay is the pause before the one retry of a failed call. Default 500ms.
+	RetryDelay time.Duration
+	// Concurrency bounds this replica's model calls in flight; the others
+	// wait their turn here, within the turn's deadline, rather than in
+	// Ollama's queue against the call timeout. BRAIN_MODEL_CONCURRENCY, default 2.
+	Concurrency int
+	// The circuit breaker opens when at least BreakerMinCalls calls in the
+	// last BreakerWindow failed at BreakerFailureRatio or more, refuses calls
+	// for BreakerCoolDown, then lets one probe through.
+	// BRAIN_MODEL_BREAKER_WINDOW (30s), BRAIN_MODEL_BREAKER_MIN_CALLS (5),
+	// BRAIN_MODEL_BREAKER_FAILURE_RATIO (0.5), BRAIN_MODEL_BREAKER_COOLDOWN (30s).
+	BreakerWindow       time.Duration
+	BreakerMinCalls     int
+	BreakerFailureRatio float64
+	BreakerCoolDown     time.Duration
+}
+
+// DefaultModel is the model used when neither BRAIN_MODEL nor the tenant
+// names one: about 2.5 GB at Ollama's default 4-bit quantisation, so it
+// runs on a CPU-only machine; good at following a JSON schema and
+// instructions; Apache-2.0 (unlike qwen2.5:3b, whose licence is the Qwen
+// Research licence). The client turns its thinking mode off.
+const DefaultModel = "qwen3:4b"
 
 // Hooks are fault-injection points for tests. A hook returning an error
 // makes the replica drop the turn at that point as if it had crashed: no
@@ -74,6 +116,12 @@ func (c Config) withDefaults() Config {
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
+	if c.Model.Name == "" {
+		c.Model.Name = DefaultModel
+	}
+	if c.Model.Timeout == 0 {
+		c.Model.Timeout = 60 * time.Second
+	}
 	return c
 }
 
@@ -94,6 +142,14 @@ func (c Config) validate() error {
 	if c.Workers < 1 || c.Workers > 1024 {
 		errs = append(errs, fmt.Errorf("BRAIN_WORKERS must be between 1 and 1024, got %d", c.Workers))
 	}
+	if c.Model.URL != "" {
+		if _, err := model.ParseURL(c.Model.URL); err != nil {
+			errs = append(errs, fmt.Errorf("BRAIN_OLLAMA_URL: %w", err))
+		}
+	}
+	if r := c.Model.BreakerFailureRatio; r < 0 || r > 1 {
+		errs = append(errs, fmt.Errorf("BRAIN_MODEL_BREAKER_FAILURE_RATIO must be between 0 and 1, got %v", r))
+	}
 	return errors.Join(errs...)
 }
 
@@ -105,6 +161,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		RegistryURL: getenv("BRAIN_REGISTRY_URL"),
 		Replica:     getenv("BRAIN_REPLICA"),
 		OpsAddr:     getenv("BRAIN_OPS_ADDR"),
+		Model: ModelConfig{
+			URL:  strings.TrimSpace(getenv("BRAIN_OLLAMA_URL")),
+			Name: strings.TrimSpace(getenv("BRAIN_MODEL")),
+		},
+	}
+	if c.Model.URL == "" {
+		c.Model.URL = strings.TrimSpace(getenv("OLLAMA_HOST"))
 	}
 	var errs []error
 	key := getenv("BRAIN_SEALING_KEY")
@@ -145,6 +208,19 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	intVar("BRAIN_DB_CONNS_PER_TENANT", &perTenant)
 	intVar("BRAIN_DB_MAX_CONNS", &c.DBMaxConns)
 	c.DBConnsPerTenant = int32(perTenant)
+	intVar("BRAIN_MODEL_CONCURRENCY", &c.Model.Concurrency)
+	intVar("BRAIN_MODEL_BREAKER_MIN_CALLS", &c.Model.BreakerMinCalls)
+	if v := getenv("BRAIN_MODEL_BREAKER_FAILURE_RATIO"); v != "" {
+		r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("BRAIN_MODEL_BREAKER_FAILURE_RATIO must be a number, got %q", v))
+		}
+		c.Model.BreakerFailureRatio = r
+	}
+	durVar("BRAIN_MODEL_TIMEOUT", &c.Model.Timeout)
+	durVar("BRAIN_MODEL_KEEP_ALIVE", &c.Model.KeepAlive)
+	durVar("BRAIN_MODEL_BREAKER_WINDOW", &c.Model.BreakerWindow)
+	durVar("BRAIN_MODEL_BREAKER_COOLDOWN", &c.Model.BreakerCoolDown)
 	durVar("BRAIN_TURN_TIMEOUT", &c.TurnTimeout)
 	durVar("BRAIN_STREAM_MAX_AGE", &c.Streams.MaxAge)
 	durVar("BRAIN_ACK_WAIT", &c.Streams.AckWait)

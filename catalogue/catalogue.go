@@ -65,8 +65,12 @@ type Action struct {
 	RequiresApproval bool `json:"requires_approval"`
 	// ChangesWorld: the action has an effect outside the brain, so its
 	// parameters carry a reconciliation precondition n8n checks before acting.
-	ChangesWorld bool    `json:"changes_world"`
-	Params       []Param `json:"params"`
+	ChangesWorld bool `json:"changes_world"`
+	// FollowUp: the action only continues an earlier decision (send what a
+	// human approved, read back an unknown outcome). The brain proposes it
+	// from the item's state; triage (rules or a model) never may.
+	FollowUp bool    `json:"follow_up"`
+	Params   []Param `json:"params"`
 }
 
 // Catalogue is one published version.

@@ -36,6 +36,7 @@ func v1() Catalogue {
 				Product:      "email",
 				Description:  "Send the approved reply. Only the text whose SHA-256 a human approved may be sent.",
 				ChangesWorld: true,
+				FollowUp:     true,
 				Params: []Param{
 					{Name: "approval_id", Type: TypeString, Format: FormatUUID, Required: true, Description: "The approval that authorises this text."},
 					{Name: "content_sha256", Type: TypeString, Format: FormatSHA256, Required: true, Description: "SHA-256 of the approved subject and body; n8n sends only this text."},
@@ -73,6 +74,7 @@ func v1() Catalogue {
 				Name:        VerifyReplySent,
 				Product:     "email",
 				Description: "Read back whether the approved reply was sent (after an unknown outcome). Never sends.",
+				FollowUp:    true,
 				Params: []Param{
 					{Name: "approval_id", Type: TypeString, Format: FormatUUID, Required: true, Description: "The approval whose reply to look for."},
 					{Name: "content_sha256", Type: TypeString, Format: FormatSHA256, Required: true, Description: "SHA-256 of the text that may have been sent."},
@@ -82,6 +84,7 @@ func v1() Catalogue {
 				Name:        VerifyJob,
 				Product:     "job_management",
 				Description: "Read back whether a job with the reference exists (after an unknown outcome). Never creates one.",
+				FollowUp:    true,
 				Params: []Param{
 					{Name: "external_ref", Type: TypeString, Required: true, MaxLength: 600, Description: "The reference to look for."},
 				},

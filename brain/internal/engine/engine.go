@@ -201,6 +201,9 @@ func (e *Engine) fromRule(in *Input, r *registry.Rule) Outcome {
 	if err != nil {
 		return Escalate(in, a, ReasonRuleActionNotEnabled)
 	}
+	if p.Action.FollowUp {
+		return Escalate(in, a, ReasonActionNotAdmitted)
+	}
 	return proposed(a, p)
 }
 
@@ -211,7 +214,9 @@ func (e *Engine) guard(in *Input, out Outcome) Outcome {
 		return out
 	}
 	p, err := Admit(in.Tenant, in.Item.CatalogueVersion, out.Action.Action.Name, out.Action.Params)
-	if err != nil {
+	if err != nil || p.Action.FollowUp {
+		// A follow-up (send_reply, verify_*) continues an earlier decision;
+		// triage proposing one, with whatever approval id it made up, is refused.
 		return Escalate(in, out.Assessment, ReasonActionNotAdmitted)
 	}
 	out.Action = &p

@@ -1,0 +1,71 @@
+package brain
+
+import (
+	"testing"
+	"time"
+)
+
+func TestModelConfigFromEnv(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want ModelConfig // after defaults
+		bad  bool
+	}{
+		{"RulesOnly", nil, ModelConfig{Name: DefaultModel, Timeout: 60 * time.Second}, false},
+		{"BrainURLWins", map[string]string{"BRAIN_OLLAMA_URL": "http://ollama:11434", "OLLAMA_HOST": "0.0.0.0"},
+			ModelConfig{URL: "http://ollama:11434", Name: DefaultModel, Timeout: 60 * time.Second}, false},
+		{"OllamaHostFallback", map[string]string{"OLLAMA_HOST": "127.0.0.1:11434"},
+			ModelConfig{URL: "127.0.0.1:11434", Name: DefaultModel, Timeout: 60 * time.Second}, false},
+		{"Everything", map[string]string{"BRAIN_OLLAMA_URL": "http://o:1", "BRAIN_MODEL": "llama3.2:3b", "BRAIN_MODEL_TIMEOUT": "90s",
+			"BRAIN_MODEL_KEEP_ALIVE": "1h", "BRAIN_MODEL_CONCURRENCY": "3", "BRAIN_MODEL_BREAKER_WINDOW": "1m",
+			"BRAIN_MODEL_BREAKER_MIN_CALLS": "10", "BRAIN_MODEL_BREAKER_FAILURE_RATIO": "0.8", "BRAIN_MODEL_BREAKER_COOLDOWN": "5s"},
+			ModelConfig{URL: "http://o:1", Name: "llama3.2:3b", Timeout: 90 * time.Second, KeepAlive: time.Hour, Concurrency: 3,
+				BreakerWindow: time.Minute, BreakerMinCalls: 10, BreakerFailureRatio: 0.8, BreakerCoolDown: 5 * time.Second}, false},
+		{"BadTimeout", map[string]string{"BRAIN_MODEL_TIMEOUT": "soon"}, ModelConfig{}, true},
+		{"BadRatio", map[string]string{"BRAIN_MODEL_BREAKER_FAILURE_RATIO": "half"}, ModelConfig{}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := ConfigFromEnv(func(k string) string { return tc.env[k] })
+			if tc.bad {
+				if err == nil {
+					t.Fatal("accepted")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.withDefaults().Model; got != tc.want {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestModelConfigValidate(t *testing.T) {
+	t.Parallel()
+	base := Config{NATSURL: "nats://x", CredsFile: "c", RegistryURL: "postgres://x", SealingKey: make([]byte, 32)}
+	for _, tc := range []struct {
+		name  string
+		model ModelConfig
+		ok    bool
+	}{
+		{"None", ModelConfig{}, true},
+		{"URL", ModelConfig{URL: "http://ollama:11434"}, true},
+		{"HostOnly", ModelConfig{URL: "ollama"}, true},
+		{"BadScheme", ModelConfig{URL: "ftp://ollama"}, false},
+		{"RatioAboveOne", ModelConfig{URL: "ollama", BreakerFailureRatio: 2}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := base
+			c.Model = tc.model
+			if err := c.withDefaults().validate(); (err == nil) != tc.ok {
+				t.Fatalf("validate: %v", err)
+			}
+		})
+	}
+}

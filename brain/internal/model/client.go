@@ -1,0 +1,341 @@
+package model
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/ollama/ollama/api"
+)
+
+// Config of a client. The zero value of a field means its default.
+type Config struct {
+	// URL of the Ollama server: http://host:port, or host[:port] (port
+	// 11434 by default, as Ollama's own OLLAMA_HOST).
+	URL string
+	// Timeout bounds one HTTP call. Default 60s.
+	Timeout time.Duration
+	// KeepAlive is how long the server keeps the model loaded after a call
+	// (Ollama's keep_alive). Default 30m.
+	KeepAlive time.Duration
+	// RetryDelay is the pause before the one retry. Default 500ms.
+	RetryDelay time.Duration
+	// MaxConcurrent bounds the calls in flight from this client. A CPU-bound
+	// server answers one or two at a time and queues the rest; queued there,
+	// a call's timeout would run out while it waits. Waiting here is bounded
+	// by the caller's context instead, and Timeout measures the model's own
+	// work. Default 2.
+	MaxConcurrent int
+	Breaker       BreakerConfig
+	// HTTPClient, when set, replaces the client's own (tests).
+	HTTPClient *http.Client
+}
+
+func (c Config) withDefaults() Config {
+	if c.Timeout <= 0 {
+		c.Timeout = 60 * time.Second
+	}
+	if c.KeepAlive <= 0 {
+		c.KeepAlive = 30 * time.Minute
+	}
+	if c.RetryDelay <= 0 {
+		c.RetryDelay = 500 * time.Millisecond
+	}
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 2
+	}
+	return c
+}
+
+// ParseURL accepts what OLLAMA_HOST accepts: a URL, or host[:port] with
+// http and port 11434 implied.
+func ParseURL(s string) (*url.URL, error) {
+	s = strings.Trim(strings.TrimSpace(s), `"'`)
+	if s == "" {
+		return nil, errors.New("model server URL is empty")
+	}
+	defaultPort := ""
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+		defaultPort = "11434"
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("model server URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("model server URL: scheme %q is not http or https", u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return nil, errors.New("model server URL has no host")
+	}
+	if u.Port() == "" && defaultPort != "" {
+		u.Host = net.JoinHostPort(u.Hostname(), defaultPort)
+	}
+	return u, nil
+}
+
+// Roles of chat messages.
+const (
+	RoleSystem    = "system"
+	RoleUser      = "user"
+	RoleAssistant = "assistant"
+)
+
+// Message is one chat message.
+type Message struct {
+	Role    string
+	Content string
+}
+
+// Request is one chat.
+type Request struct {
+	Model    string
+	Messages []Message
+	// Format is the JSON schema the answer must follow (Ollama's structured
+	// output: the server constrains generation to it).
+	Format  json.RawMessage
+	Options map[string]any
+}
+
+// Outcome of one call, as the ledger records it.
+type Outcome string
+
+const (
+	OutcomeOK      Outcome = "ok"
+	OutcomeError   Outcome = "error"
+	OutcomeTimeout Outcome = "timeout"
+	// OutcomeInvalidOutput is the caller's verdict on an answer that came
+	// back fine but does not validate; the client never returns it.
+	OutcomeInvalidOutput Outcome = "invalid_output"
+)
+
+// Call is what one HTTP call cost.
+type Call struct {
+	PromptTokens int // Ollama's prompt_eval_count
+	OutputTokens int // Ollama's eval_count
+	Latency      time.Duration
+	Outcome      Outcome
+}
+
+// Response is the answer of a chat and every call it took.
+type Response struct {
+	Content string
+	// DoneReason is Ollama's done_reason: "stop", or "length" when the
+	// answer was cut off at num_predict.
+	DoneReason string
+	// Calls lists every HTTP call made, in order, the failed ones included;
+	// it is set whether Chat succeeds or not.
+	Calls []Call
+}
+
+// ErrUnavailable: the model server cannot be used now (down, failing,
+// timing out, refusing the request, or the breaker is open).
+var ErrUnavailable = errors.New("model unavailable")
+
+// ErrorKind says how a chat failed.
+type ErrorKind string
+
+const (
+	KindTimeout     ErrorKind = "timeout"
+	KindTransport   ErrorKind = "transport"
+	KindStatus      ErrorKind = "status"
+	KindBreakerOpen ErrorKind = "breaker_open"
+)
+
+// Error is a chat that failed on the server's side. It deliberately carries
+// no text from the server: an error body can echo the prompt.
+type Error struct {
+	Kind       ErrorKind
+	StatusCode int // with KindStatus
+	Attempts   int // HTTP calls made
+}
+
+func (e *Error) Error() string {
+	if e.Kind == KindStatus {
+		return fmt.Sprintf("model unavailable: HTTP status %d after %d call(s)", e.StatusCode, e.Attempts)
+	}
+	return fmt.Sprintf("model unavailable: %s after %d call(s)", e.Kind, e.Attempts)
+}
+
+// Is makes every Error an ErrUnavailable, and a refusal by the breaker an
+// ErrBreakerOpen.
+func (e *Error) Is(target error) bool {
+	return target == ErrUnavailable || (target == ErrBreakerOpen && e.Kind == KindBreakerOpen)
+}
+
+// Client calls one Ollama server.
+type Client struct {
+	cfg     Config
+	api     *api.Client
+	breaker *Breaker
+	slots   chan struct{} // MaxConcurrent calls in flight
+}
+
+// New returns a client; it makes no call.
+func New(cfg Config, log *slog.Logger) (*Client, error) {
+	cfg = cfg.withDefaults()
+	u, err := ParseURL(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		// Our own client, never http.DefaultClient: no global state, and no
+		// overall Client.Timeout (each call gets its own context deadline).
+		hc = &http.Client{Transport: &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:          64,
+			MaxIdleConnsPerHost:   32,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   5 * time.Second,
+			ExpectContinueTimeout: time.Second,
+		}}
+	}
+	c := &Client{cfg: cfg, api: api.NewClient(u, hc), slots: make(chan struct{}, cfg.MaxConcurrent)}
+	c.breaker = NewBreaker(cfg.Breaker, func(from, to BreakerState) {
+		lvl := slog.LevelInfo
+		if to == BreakerOpen {
+			lvl = slog.LevelWarn
+		}
+		log.Log(context.Background(), lvl, "model circuit breaker changed state", "from", string(from), "to", string(to))
+	})
+	return c, nil
+}
+
+// BreakerState reports the circuit breaker's state.
+func (c *Client) BreakerState() BreakerState { return c.breaker.State() }
+
+// Ping asks the server for its version (a start-up check; it does not
+// touch the breaker).
+func (c *Client) Ping(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, min(c.cfg.Timeout, 5*time.Second))
+	defer cancel()
+	v, err := c.api.Version(ctx)
+	if err != nil {
+		var se api.StatusError
+		if errors.As(err, &se) {
+			return "", &Error{Kind: KindStatus, StatusCode: se.StatusCode, Attempts: 1}
+		}
+		if ctx.Err() != nil {
+			return "", &Error{Kind: KindTimeout, Attempts: 1}
+		}
+		return "", &Error{Kind: KindTransport, Attempts: 1}
+	}
+	return v, nil
+}
+
+// Chat sends one chat (stream off) and returns the answer. Transport errors
+// and 5xx are retried once; timeouts are not (a server too slow to answer
+// in time would only be asked to do the same work again), nor are 4xx.
+// A failure is an *Error (errors.Is ErrUnavailable) unless ctx itself ended,
+// which returns ctx's error. The Response lists the calls made either way.
+func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
+	var resp Response
+	for try := 1; ; try++ {
+		select {
+		case c.slots <- struct{}{}:
+		case <-ctx.Done():
+			return resp, fmt.Errorf("model call: waiting for a free slot: %w", context.Cause(ctx))
+		}
+		done, err := c.breaker.Allow()
+		if err != nil {
+			<-c.slots
+			return resp, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
+		}
+		got, call, res, retry, err := c.once(ctx, req)
+		done(res)
+		<-c.slots
+		resp.Calls = append(resp.Calls, call)
+		if err == nil {
+			resp.Content, resp.DoneReason = got.Message.Content, got.DoneReason
+			return resp, nil
+		}
+		if ctx.Err() != nil {
+			return resp, fmt.Errorf("model call: %w", context.Cause(ctx))
+		}
+		var me *Error
+		if errors.As(err, &me) {
+			me.Attempts = try
+		}
+		if !retry || try == 2 {
+			return resp, err
+		}
+		t := time.NewTimer(c.cfg.RetryDelay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return resp, fmt.Errorf("model call: %w", context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// once makes one HTTP call and classifies its failure: the ledger outcome,
+// what it tells the breaker, and whether a retry may help.
+func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, call Call, res Result, retry bool, err error) {
+	tctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	msgs := make([]api.Message, len(req.Messages))
+	for i, m := range req.Messages {
+		msgs[i] = api.Message{Role: m.Role, Content: m.Content}
+	}
+	stream, think := false, api.ThinkValue{Value: false}
+	start := time.Now()
+	err = c.api.Chat(tctx, &api.ChatRequest{
+		Model:     req.Model,
+		Messages:  msgs,
+		Stream:    &stream,
+		Format:    req.Format,
+		KeepAlive: &api.Duration{Duration: c.cfg.KeepAlive},
+		Options:   req.Options,
+		// Thinking models would spend the output budget on reasoning text
+		// we never use; models without thinking accept false too.
+		Think: &think,
+	}, func(r api.ChatResponse) error {
+		got = &r
+		return nil
+	})
+	call.Latency = time.Since(start)
+	if err == nil && got == nil {
+		err = errors.New("empty response")
+	}
+	if err == nil {
+		call.Outcome, call.PromptTokens, call.OutputTokens = OutcomeOK, max(got.PromptEvalCount, 0), max(got.EvalCount, 0)
+		return got, call, ResultSuccess, false, nil
+	}
+	call.Outcome = OutcomeError
+	var se api.StatusError
+	var ae api.AuthorizationError
+	switch {
+	case ctx.Err() != nil:
+		// The caller gave up (turn deadline or shutdown): says nothing about the server.
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			call.Outcome = OutcomeTimeout
+		}
+		return nil, call, ResultIgnore, false, ctx.Err()
+	case errors.Is(tctx.Err(), context.DeadlineExceeded):
+		call.Outcome = OutcomeTimeout
+		return nil, call, ResultFailure, false, &Error{Kind: KindTimeout}
+	case errors.As(err, &se):
+		if se.StatusCode >= 500 {
+			return nil, call, ResultFailure, true, &Error{Kind: KindStatus, StatusCode: se.StatusCode}
+		}
+		// A 4xx (unknown model, bad request): the server is up but will not
+		// do this; retrying the same request cannot help.
+		return nil, call, ResultSuccess, false, &Error{Kind: KindStatus, StatusCode: se.StatusCode}
+	case errors.As(err, &ae):
+		return nil, call, ResultSuccess, false, &Error{Kind: KindStatus, StatusCode: ae.StatusCode}
+	}
+	// Connection refused or reset, a malformed answer: the error text may
+	// quote the body, so only the kind is kept.
+	return nil, call, ResultFailure, true, &Error{Kind: KindTransport}
+}

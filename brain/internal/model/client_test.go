@@ -1,0 +1,222 @@
+package model
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ollama/ollama/api"
+
+	"n8nbrain/internal/ollamafake"
+)
+
+func newClient(t *testing.T, url string, mutate func(*Config)) *Client {
+	t.Helper()
+	cfg := Config{URL: url, Timeout: 2 * time.Second, RetryDelay: time.Millisecond}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	c, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+var chatReq = Request{
+	Model:    "m",
+	Messages: []Message{{Role: RoleSystem, Content: "sys"}, {Role: RoleUser, Content: "secret email body"}},
+	Format:   json.RawMessage(`{"type":"object"}`),
+	Options:  map[string]any{"temperature": 0, "num_predict": 16},
+}
+
+func TestChat(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		replies   []ollamafake.Reply // per call; the last repeats
+		wantErr   ErrorKind          // "" for success
+		wantCalls []Outcome
+	}{
+		{"OK", []ollamafake.Reply{{Content: `{"a":1}`, PromptTokens: 11, OutputTokens: 7}}, "", []Outcome{OutcomeOK}},
+		{"ServerErrorRetriedOnceThenOK", []ollamafake.Reply{{Status: 500}, {Content: `{}`}}, "", []Outcome{OutcomeError, OutcomeOK}},
+		{"ServerErrorTwice", []ollamafake.Reply{{Status: 503, Error: "server busy secret email body"}}, KindStatus, []Outcome{OutcomeError, OutcomeError}},
+		{"NotFoundNotRetried", []ollamafake.Reply{{Status: 404, Error: "model 'm' not found"}}, KindStatus, []Outcome{OutcomeError}},
+		{"TransportErrorRetried", []ollamafake.Reply{{Hijack: true}, {Content: `{}`}}, "", []Outcome{OutcomeError, OutcomeOK}},
+		{"TransportErrorTwice", []ollamafake.Reply{{Hijack: true}}, KindTransport, []Outcome{OutcomeError, OutcomeError}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := ollamafake.New(t, nil)
+			n := 0
+			f.SetChatFunc(func(*api.ChatRequest) ollamafake.Reply {
+				r := tc.replies[min(n, len(tc.replies)-1)]
+				n++
+				return r
+			})
+			c := newClient(t, f.URL(), nil)
+			resp, err := c.Chat(context.Background(), chatReq)
+			if tc.wantErr == "" && err != nil {
+				t.Fatalf("Chat: %v", err)
+			}
+			if tc.wantErr != "" {
+				var me *Error
+				if !errors.As(err, &me) || me.Kind != tc.wantErr || !errors.Is(err, ErrUnavailable) {
+					t.Fatalf("error %v, want kind %s", err, tc.wantErr)
+				}
+				if strings.Contains(err.Error(), "secret") || strings.Contains(err.Error(), "busy") {
+					t.Fatalf("error text carries server text: %q", err)
+				}
+			}
+			if len(resp.Calls) != len(tc.wantCalls) || f.Calls() != len(tc.wantCalls) {
+				t.Fatalf("calls %+v (server saw %d), want %v", resp.Calls, f.Calls(), tc.wantCalls)
+			}
+			for i, want := range tc.wantCalls {
+				if resp.Calls[i].Outcome != want {
+					t.Fatalf("call %d outcome %s, want %s", i, resp.Calls[i].Outcome, want)
+				}
+			}
+			if tc.name == "OK" {
+				if resp.Content != `{"a":1}` || resp.DoneReason != "stop" || resp.Calls[0].PromptTokens != 11 || resp.Calls[0].OutputTokens != 7 {
+					t.Fatalf("response %+v", resp)
+				}
+			}
+		})
+	}
+}
+
+// The request on the wire is what Ollama expects: stream off, the schema
+// as format, keep_alive, options, think off.
+func TestChatRequestShape(t *testing.T) {
+	t.Parallel()
+	f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply { return ollamafake.Reply{Content: "{}"} })
+	c := newClient(t, f.URL(), func(c *Config) { c.KeepAlive = 7 * time.Minute })
+	if _, err := c.Chat(context.Background(), chatReq); err != nil {
+		t.Fatal(err)
+	}
+	r := f.Requests()[0]
+	if r.Model != "m" || r.Stream == nil || *r.Stream || string(r.Format) != `{"type":"object"}` ||
+		r.KeepAlive == nil || r.KeepAlive.Duration != 7*time.Minute || r.Think == nil || r.Think.Bool() ||
+		r.Options["num_predict"] != float64(16) || len(r.Messages) != 2 || r.Messages[1].Content != "secret email body" {
+		t.Fatalf("request %+v", r)
+	}
+}
+
+// A call slower than the timeout is a timeout, not retried, and counts
+// against the breaker.
+func TestChatTimeout(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply { return ollamafake.Reply{Wait: release, Content: "{}"} })
+	t.Cleanup(func() { close(release) })
+	c := newClient(t, f.URL(), func(c *Config) {
+		c.Timeout = 50 * time.Millisecond
+		c.Breaker = BreakerConfig{MinCalls: 1}
+	})
+	resp, err := c.Chat(context.Background(), chatReq)
+	var me *Error
+	if !errors.As(err, &me) || me.Kind != KindTimeout {
+		t.Fatalf("error %v, want a timeout", err)
+	}
+	if len(resp.Calls) != 1 || resp.Calls[0].Outcome != OutcomeTimeout {
+		t.Fatalf("calls %+v, want one timeout", resp.Calls)
+	}
+	if c.BreakerState() != BreakerOpen {
+		t.Fatalf("breaker %s, want open", c.BreakerState())
+	}
+	resp, err = c.Chat(context.Background(), chatReq)
+	if !errors.Is(err, ErrBreakerOpen) || !errors.Is(err, ErrUnavailable) || len(resp.Calls) != 0 || f.Calls() != 1 {
+		t.Fatalf("with the breaker open: %v, %d calls made, server saw %d", err, len(resp.Calls), f.Calls())
+	}
+}
+
+// The caller's own deadline is the caller's: its error comes back as such
+// and says nothing to the breaker.
+func TestChatCallerDeadline(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply { return ollamafake.Reply{Wait: release} })
+	t.Cleanup(func() { close(release) })
+	c := newClient(t, f.URL(), func(c *Config) { c.Breaker = BreakerConfig{MinCalls: 1} })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	resp, err := c.Chat(ctx, chatReq)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
+		t.Fatalf("error %v, want the caller's deadline", err)
+	}
+	if len(resp.Calls) != 1 || resp.Calls[0].Outcome != OutcomeTimeout || c.BreakerState() != BreakerClosed {
+		t.Fatalf("calls %+v breaker %s", resp.Calls, c.BreakerState())
+	}
+}
+
+func TestPing(t *testing.T) {
+	t.Parallel()
+	f := ollamafake.New(t, nil)
+	if v, err := newClient(t, f.URL(), nil).Ping(context.Background()); err != nil || v != ollamafake.Version {
+		t.Fatalf("Ping: %q %v", v, err)
+	}
+	// Nothing listens on a closed fake's port.
+	gone := ollamafake.New(t, nil)
+	url := gone.URL()
+	gone.Close()
+	if _, err := newClient(t, url, nil).Ping(context.Background()); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Ping of a closed server: %v", err)
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"http://ollama:11434":     "http://ollama:11434",
+		"https://ollama.internal": "https://ollama.internal",
+		"127.0.0.1":               "http://127.0.0.1:11434",
+		"0.0.0.0:9999":            "http://0.0.0.0:9999",
+		` "localhost" `:           "http://localhost:11434",
+	} {
+		u, err := ParseURL(in)
+		if err != nil || u.String() != want {
+			t.Errorf("ParseURL(%q) = %v, %v; want %s", in, u, err, want)
+		}
+	}
+	for _, bad := range []string{"", "ftp://x", "http://"} {
+		if _, err := ParseURL(bad); err == nil {
+			t.Errorf("ParseURL(%q) accepted", bad)
+		}
+	}
+}
+
+// Calls beyond MaxConcurrent wait for a slot, within the caller's context,
+// before they reach the server.
+func TestChatConcurrencyBound(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 4)
+	f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply {
+		arrived <- struct{}{}
+		return ollamafake.Reply{Wait: release, Content: "{}"}
+	})
+	c := newClient(t, f.URL(), func(c *Config) { c.MaxConcurrent = 1 })
+	first := make(chan error, 1)
+	go func() { _, err := c.Chat(context.Background(), chatReq); first <- err }()
+	<-arrived
+	// The second call waits for the slot; its context ends first.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	resp, err := c.Chat(ctx, chatReq)
+	if !errors.Is(err, context.DeadlineExceeded) || len(resp.Calls) != 0 || f.Calls() != 1 {
+		t.Fatalf("second call: %v, %d calls, server saw %d", err, len(resp.Calls), f.Calls())
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// The slot is free again.
+	if _, err := c.Chat(context.Background(), chatReq); err != nil || f.Calls() != 2 {
+		t.Fatalf("third call: %v, server saw %d", err, f.Calls())
+	}
+}
