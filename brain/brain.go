@@ -18,9 +18,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"n8nbrain/brain/internal/approval"
 	"n8nbrain/brain/internal/capture"
 	"n8nbrain/brain/internal/engine"
 	"n8nbrain/brain/internal/model"
+	"n8nbrain/brain/internal/outbox"
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/brain/internal/turn"
 	"n8nbrain/nats/stream"
@@ -91,13 +93,22 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		m = stage
 	}
 	eng := engine.New(m)
-	proc := turn.New(dir, eng, nil, nil, turn.Hooks(cfg.Hooks), log)
-	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc, model: mc, stage: stage}
+	fwd := outbox.New(outbox.Config{Interval: cfg.EventInterval, RetryBase: cfg.EventRetryBase, RetryMax: cfg.EventRetryMax}, dir, nc, log)
+	approvals := approval.New(dir, fwd.Kick, log)
+	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks(cfg.Hooks), log)
+	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc, approvals: approvals, model: mc, stage: stage}
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = dir.Run(runCtx) })
+	wg.Go(func() { fwd.Run(runCtx) })
+	wg.Go(func() { b.sweep(runCtx) })
+
+	api, err := b.serveAPI()
+	if err != nil {
+		return fmt.Errorf("serve tenant API: %w", err)
+	}
 	cc, err := b.consumeTurns(ctx, cons)
 	if err != nil {
 		return err
@@ -122,6 +133,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	<-ctx.Done()
 	cc.Stop()
+	_ = api.Drain()
 	b.waitInflight(cfg.ShutdownGrace)
 	if ops != nil {
 		_ = ops.Close()
@@ -139,6 +151,8 @@ type brain struct {
 	js   jetstream.JetStream
 	dir  *tenancy.Directory
 	proc *turn.Processor
+	// approvals serves the tenant API and takes part in every turn.
+	approvals *approval.Approvals
 	// model and stage are nil when the brain runs rules only.
 	model *model.Client
 	stage *capture.Stage
@@ -184,6 +198,27 @@ func modelStage(ctx context.Context, cfg ModelConfig, log *slog.Logger) (*model.
 			"model_timeout", cfg.Timeout.String())
 	}
 	return mc, stage, nil
+}
+
+// sweep expires approvals past their expiry until ctx is done. Every
+// replica sweeps; store.ApprovalSweep makes each expiry happen once.
+func (b *brain) sweep(ctx context.Context) {
+	t := time.NewTicker(b.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := b.approvals.Sweep(ctx, b.dir.Tenants())
+		if err != nil && ctx.Err() == nil {
+			b.log.Warn("sweep expired approvals", "error", err)
+		}
+		if n > 0 {
+			b.log.Info("approvals expired and re-queued for a human", "count", n)
+		}
+	}
 }
 
 // waitInflight waits for turns in flight, at most grace; the rest are

@@ -47,6 +47,16 @@ type Config struct {
 	OpsAddr string
 	// OpsListener, when set, is used instead of listening on OpsAddr (tests).
 	OpsListener net.Listener
+	// SweepInterval is how often this replica expires approvals past their
+	// expiry. BRAIN_SWEEP_INTERVAL, default 30s.
+	SweepInterval time.Duration
+	// EventInterval is how often the outbox is scanned for events to
+	// (re-)publish; EventRetryBase and EventRetryMax space re-publishes of an
+	// event no edge acked (base·2^attempts, at most max).
+	// BRAIN_EVENT_INTERVAL (2s), BRAIN_EVENT_RETRY_BASE (2s), BRAIN_EVENT_RETRY_MAX (5m).
+	EventInterval  time.Duration
+	EventRetryBase time.Duration
+	EventRetryMax  time.Duration
 	// Model configures the model stage; without a URL the brain runs rules only.
 	Model ModelConfig
 	// Hooks inject faults in tests; nil in production.
@@ -115,6 +125,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = 30 * time.Second
 	}
 	if c.Model.Name == "" {
 		c.Model.Name = DefaultModel
@@ -222,6 +235,10 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	durVar("BRAIN_MODEL_BREAKER_WINDOW", &c.Model.BreakerWindow)
 	durVar("BRAIN_MODEL_BREAKER_COOLDOWN", &c.Model.BreakerCoolDown)
 	durVar("BRAIN_TURN_TIMEOUT", &c.TurnTimeout)
+	durVar("BRAIN_SWEEP_INTERVAL", &c.SweepInterval)
+	durVar("BRAIN_EVENT_INTERVAL", &c.EventInterval)
+	durVar("BRAIN_EVENT_RETRY_BASE", &c.EventRetryBase)
+	durVar("BRAIN_EVENT_RETRY_MAX", &c.EventRetryMax)
 	durVar("BRAIN_STREAM_MAX_AGE", &c.Streams.MaxAge)
 	durVar("BRAIN_ACK_WAIT", &c.Streams.AckWait)
 	return c, errors.Join(errs...)

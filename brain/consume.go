@@ -20,11 +20,14 @@ import (
 // Every subject the brain answers, in one place:
 //
 //	brain.turn.<account>.<key>    TURNS stream, shared durable pull consumer "brain"  → handleTurn
+//	brain.api.<account>.<method>  core request-reply, queue group "brain" (api.go)     → handleAPI
+//	                              approval.list, approval.get, approval.decide, event.ack, report.outcomes
 //
 // and every subject it publishes:
 //
 //	brain.reply.<account>.<key>   stored in RESULTS; the stream republishes it to
 //	                              brain.live.<account>.<key>, exported to the tenant's reply.<key>
+//	brain.event.<account>.<id>    outbox events, exported to the tenant's event.<id> (internal/outbox)
 //
 // <account> is written by the NATS server (account token position 3): it is
 // the only source of the tenant's identity.

@@ -154,15 +154,18 @@ func DecisionGetByTurn(ctx context.Context, q DBTX, workItemID string, turn int)
 type TurnWrite struct {
 	Item     WorkItem // the item's new state; Item.Turn is the decided turn
 	Decision Decision
-	// Extra statements in the same transaction (approval records, outbox
-	// rows); each must affect at least one row.
+	// Extra statements in the same transaction (approval records, outbox rows).
 	Extra []Statement
+	// AfterCommit runs once the transaction committed (wake the forwarder).
+	AfterCommit func()
 }
 
-// Statement is one SQL statement with its arguments.
+// Statement is one SQL statement with its arguments. Unless Optional, it
+// must affect at least one row, or the whole turn is rolled back.
 type Statement struct {
-	SQL  string
-	Args []any
+	SQL      string
+	Args     []any
+	Optional bool
 }
 
 // TurnCommit writes a turn in one transaction: it advances the work item
@@ -170,6 +173,16 @@ type Statement struct {
 // runs the extra statements. A concurrent writer that advanced the item or
 // decided the turn first makes it return ErrConflict, with nothing written.
 func TurnCommit(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, w TurnWrite) error {
+	err := turnCommit(ctx, db, w)
+	if err == nil && w.AfterCommit != nil {
+		w.AfterCommit()
+	}
+	return err
+}
+
+func turnCommit(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 }, w TurnWrite) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
@@ -231,13 +244,13 @@ func TurnCommit(ctx context.Context, db interface {
 			br.Close()
 			return translate(err, "insert decision")
 		}
-		for i := range w.Extra {
+		for i, st := range w.Extra {
 			tag, err := br.Exec()
 			if err != nil {
 				br.Close()
 				return translate(err, fmt.Sprintf("turn statement %d", i+1))
 			}
-			if tag.RowsAffected() == 0 {
+			if tag.RowsAffected() == 0 && !st.Optional {
 				br.Close()
 				return fmt.Errorf("turn statement %d affected no row: %w", i+1, ErrConflict)
 			}

@@ -28,9 +28,12 @@ type Pools interface {
 	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
 }
 
-// Extension adds statements to a turn's transaction (approval records,
-// outbox rows) and may amend the reply (approval id).
+// Extension takes part in every turn that decides: Guard may replace the
+// engine's outcome before anything is written (a last check against the
+// tenant database), and Extend adds statements to the turn's transaction
+// (approval records, outbox rows) and may amend the reply (approval id).
 type Extension interface {
+	Guard(ctx context.Context, q store.DBTX, in *engine.Input, out engine.Outcome) (engine.Outcome, error)
 	Extend(ctx context.Context, t *registry.Tenant, w *store.TurnWrite, out *engine.Outcome, reply *wire.TurnSubmitReply) error
 }
 
@@ -171,6 +174,11 @@ func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry
 			return p.reject(ans, &wire.Error{Code: wire.CodeInvalid, Field: iie.Field, Message: iie.Error()}), nil
 		}
 		if err != nil {
+			return Answer{}, err
+		}
+	}
+	if p.ext != nil {
+		if out, err = p.ext.Guard(ctx, pool, in, out); err != nil {
 			return Answer{}, err
 		}
 	}
