@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -39,6 +40,30 @@ type Config struct {
 	// PublishTimeout is the total time spent publishing a turn, retries
 	// included, before answering 503 [EDGE_PUBLISH_TIMEOUT]. Default 5s.
 	PublishTimeout time.Duration
+
+	// ReviewersFile lists the accounts of the review page, one
+	// "name:<bcrypt hash>" a line, # for comments [EDGE_REVIEWERS_FILE].
+	// Empty: the review page is off (its routes answer 404).
+	ReviewersFile string
+
+	// WebhookURL is n8n's Webhook node, where the brain's events are
+	// delivered [EDGE_WEBHOOK_URL]. Empty: events are not delivered and the
+	// edge does not subscribe to them (the brain keeps them).
+	WebhookURL string
+	// WebhookSecret is sent as X-Brain-Webhook-Token and signs each body
+	// (X-Brain-Signature); at least 16 bytes, required with a WebhookURL
+	// [EDGE_WEBHOOK_SECRET, or a file named by EDGE_WEBHOOK_SECRET_FILE].
+	WebhookSecret string
+	// WebhookTimeout bounds one POST to the webhook [EDGE_WEBHOOK_TIMEOUT].
+	// Default 10s.
+	WebhookTimeout time.Duration
+	// WebhookRetries is how many times a failed delivery is retried before
+	// the event is parked until the brain publishes it again. Default 8.
+	WebhookRetries int
+	// WebhookInitialInterval is the first wait between delivery attempts;
+	// it doubles up to WebhookMaxInterval. Defaults 500ms and 30s.
+	WebhookInitialInterval time.Duration
+	WebhookMaxInterval     time.Duration
 }
 
 // Defaults.
@@ -46,8 +71,14 @@ const (
 	DefaultAddr           = "127.0.0.1:8480"
 	DefaultTurnWait       = 10 * time.Second
 	DefaultPublishTimeout = 5 * time.Second
-	minTokenBytes         = 16
-	drainTimeout          = 5 * time.Second
+
+	DefaultWebhookTimeout         = 10 * time.Second
+	DefaultWebhookRetries         = 8
+	DefaultWebhookInitialInterval = 500 * time.Millisecond
+	DefaultWebhookMaxInterval     = 30 * time.Second
+
+	minTokenBytes = 16
+	drainTimeout  = 5 * time.Second
 )
 
 func (c Config) withDefaults() Config {
@@ -59,6 +90,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.WebhookTimeout == 0 {
+		c.WebhookTimeout = DefaultWebhookTimeout
+	}
+	if c.WebhookRetries == 0 {
+		c.WebhookRetries = DefaultWebhookRetries
+	}
+	if c.WebhookInitialInterval == 0 {
+		c.WebhookInitialInterval = DefaultWebhookInitialInterval
+	}
+	if c.WebhookMaxInterval == 0 {
+		c.WebhookMaxInterval = DefaultWebhookMaxInterval
 	}
 	return c
 }
@@ -78,8 +121,28 @@ func (c Config) validate() error {
 		errs = append(errs, errors.New("EDGE_TOKEN or EDGE_TOKEN_FILE is required: the bearer token n8n presents"))
 	case len(c.Token) < minTokenBytes:
 		errs = append(errs, fmt.Errorf("EDGE_TOKEN is %d bytes, at least %d are required", len(c.Token), minTokenBytes))
-	case strings.IndexFunc(c.Token, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+	case !headerSafe(c.Token):
 		errs = append(errs, errors.New("EDGE_TOKEN must not contain spaces or control characters: it travels in an HTTP header"))
+	}
+	if c.WebhookURL != "" {
+		if u, err := url.Parse(c.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, errors.New("EDGE_WEBHOOK_URL must be an absolute http or https URL: n8n's Webhook node"))
+		}
+		switch {
+		case c.WebhookSecret == "":
+			errs = append(errs, errors.New("EDGE_WEBHOOK_SECRET or EDGE_WEBHOOK_SECRET_FILE is required with EDGE_WEBHOOK_URL"))
+		case len(c.WebhookSecret) < minTokenBytes:
+			errs = append(errs, fmt.Errorf("EDGE_WEBHOOK_SECRET is %d bytes, at least %d are required", len(c.WebhookSecret), minTokenBytes))
+		case !headerSafe(c.WebhookSecret):
+			errs = append(errs, errors.New("EDGE_WEBHOOK_SECRET must not contain spaces or control characters: it travels in an HTTP header"))
+		}
+	}
+	if c.WebhookTimeout < 0 {
+		errs = append(errs, fmt.Errorf("EDGE_WEBHOOK_TIMEOUT is %s; it must be positive", c.WebhookTimeout))
+	}
+	if c.WebhookRetries < 0 || c.WebhookInitialInterval < 0 || c.WebhookMaxInterval < c.WebhookInitialInterval {
+		errs = append(errs, fmt.Errorf("webhook retries %d, initial interval %s, max interval %s: want retries and intervals positive, max at least initial",
+			c.WebhookRetries, c.WebhookInitialInterval, c.WebhookMaxInterval))
 	}
 	if c.TurnWait < 0 {
 		errs = append(errs, fmt.Errorf("EDGE_TURN_WAIT is %s; it must be positive", c.TurnWait))
@@ -90,33 +153,50 @@ func (c Config) validate() error {
 	return errors.Join(errs...)
 }
 
+// headerSafe reports whether a secret can travel in an HTTP header as is.
+func headerSafe(s string) bool {
+	return strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) < 0
+}
+
 // ConfigFromEnv builds a Config from environment variables: EDGE_TENANT_ID,
 // EDGE_ADDR, EDGE_NATS_URL, EDGE_NATS_CREDS, EDGE_TOKEN or EDGE_TOKEN_FILE,
-// EDGE_TURN_WAIT and EDGE_PUBLISH_TIMEOUT (Go durations, "10s"). It returns
-// the defaulted, validated Config.
+// EDGE_TURN_WAIT and EDGE_PUBLISH_TIMEOUT (Go durations, "10s"),
+// EDGE_REVIEWERS_FILE, EDGE_WEBHOOK_URL, EDGE_WEBHOOK_SECRET or
+// EDGE_WEBHOOK_SECRET_FILE and EDGE_WEBHOOK_TIMEOUT. It returns the
+// defaulted, validated Config.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	c := Config{
-		TenantID:  getenv("EDGE_TENANT_ID"),
-		Addr:      getenv("EDGE_ADDR"),
-		NATSURL:   getenv("EDGE_NATS_URL"),
-		CredsFile: getenv("EDGE_NATS_CREDS"),
-		Token:     getenv("EDGE_TOKEN"),
+		TenantID:      getenv("EDGE_TENANT_ID"),
+		Addr:          getenv("EDGE_ADDR"),
+		NATSURL:       getenv("EDGE_NATS_URL"),
+		CredsFile:     getenv("EDGE_NATS_CREDS"),
+		Token:         getenv("EDGE_TOKEN"),
+		ReviewersFile: getenv("EDGE_REVIEWERS_FILE"),
+		WebhookURL:    getenv("EDGE_WEBHOOK_URL"),
+		WebhookSecret: getenv("EDGE_WEBHOOK_SECRET"),
 	}
 	var errs []error
-	if path := getenv("EDGE_TOKEN_FILE"); path != "" {
-		if c.Token != "" {
-			errs = append(errs, errors.New("EDGE_TOKEN and EDGE_TOKEN_FILE are both set; set one"))
+	for _, f := range []struct {
+		name, fileName string
+		dst            *string
+	}{{"EDGE_TOKEN", "EDGE_TOKEN_FILE", &c.Token}, {"EDGE_WEBHOOK_SECRET", "EDGE_WEBHOOK_SECRET_FILE", &c.WebhookSecret}} {
+		path := getenv(f.fileName)
+		if path == "" {
+			continue
+		}
+		if *f.dst != "" {
+			errs = append(errs, fmt.Errorf("%s and %s are both set; set one", f.name, f.fileName))
 		} else if b, err := os.ReadFile(path); err != nil {
-			errs = append(errs, fmt.Errorf("EDGE_TOKEN_FILE: %w", err))
+			errs = append(errs, fmt.Errorf("%s: %w", f.fileName, err))
 		} else {
-			// A trailing newline from `echo > file` is not part of the token.
-			c.Token = strings.TrimSpace(string(b))
+			// A trailing newline from `echo > file` is not part of the secret.
+			*f.dst = strings.TrimSpace(string(b))
 		}
 	}
 	for _, d := range []struct {
 		name string
 		dst  *time.Duration
-	}{{"EDGE_TURN_WAIT", &c.TurnWait}, {"EDGE_PUBLISH_TIMEOUT", &c.PublishTimeout}} {
+	}{{"EDGE_TURN_WAIT", &c.TurnWait}, {"EDGE_PUBLISH_TIMEOUT", &c.PublishTimeout}, {"EDGE_WEBHOOK_TIMEOUT", &c.WebhookTimeout}} {
 		v := getenv(d.name)
 		if v == "" {
 			continue
@@ -151,6 +231,14 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 	}
 	if cfg.TenantID != "" {
 		logger = logger.With("tenant_id", cfg.TenantID)
+	}
+	var rv *reviewers
+	if cfg.ReviewersFile != "" {
+		var err error
+		if rv, err = loadReviewers(cfg.ReviewersFile); err != nil {
+			ln.Close()
+			return fmt.Errorf("edge config: %w", err)
+		}
 	}
 
 	name := "edge"
@@ -190,6 +278,19 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 		nc.Close()
 		return err
 	}
+	if rv == nil {
+		logger.Info("review page off: EDGE_REVIEWERS_FILE is not set")
+	} else {
+		logger.Info("review page on", "reviewers", len(rv.hashes))
+	}
+	var ev *events
+	if cfg.WebhookURL == "" {
+		logger.Info("events are not delivered: EDGE_WEBHOOK_URL is not set; the brain keeps them until an edge delivers them")
+	} else if ev, err = startEvents(nc, cfg, rl, logger); err != nil {
+		ln.Close()
+		nc.Close()
+		return err
+	}
 
 	srv := &http.Server{
 		Handler: newHandler(deps{
@@ -197,6 +298,8 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 			token:     cfg.Token,
 			connected: func() bool { return nc.Status() == nats.CONNECTED },
 			logger:    logger,
+			reviewers: rv,
+			csrfKey:   csrfKey(cfg.Token),
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -213,6 +316,12 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 	select {
 	case <-ctx.Done():
 	case serveErr = <-served:
+	}
+
+	// Deliveries in progress stop at once: none is acknowledged, so the
+	// brain publishes them again, to this edge's successor.
+	if ev != nil {
+		ev.stop(logger)
 	}
 
 	// A turn in flight waits at most TurnWait for its decision; give it that

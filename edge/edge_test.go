@@ -631,6 +631,8 @@ func TestServeStartErrors(t *testing.T) {
 		{"MissingURL", Config{CredsFile: n.edgeCreds, Token: testToken}, "EDGE_NATS_URL"},
 		{"ShortToken", Config{NATSURL: n.srv.ClientURL(), CredsFile: n.edgeCreds, Token: "short"}, "EDGE_TOKEN"},
 		{"MissingCredsFile", Config{NATSURL: n.srv.ClientURL(), CredsFile: t.TempDir() + "/nope.creds", Token: testToken}, "connect to NATS"},
+		{"WebhookWithoutSecret", Config{NATSURL: n.srv.ClientURL(), CredsFile: n.edgeCreds, Token: testToken, WebhookURL: "http://127.0.0.1:1/w"}, "EDGE_WEBHOOK_SECRET"},
+		{"MissingReviewersFile", Config{NATSURL: n.srv.ClientURL(), CredsFile: n.edgeCreds, Token: testToken, ReviewersFile: t.TempDir() + "/nope"}, "EDGE_REVIEWERS_FILE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -651,6 +653,8 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Parallel()
 	tokenFile := t.TempDir() + "/token"
 	must(t, os.WriteFile(tokenFile, []byte(testToken+"\n"), 0o600))
+	secretFile := t.TempDir() + "/webhook-secret"
+	must(t, os.WriteFile(secretFile, []byte(testWebhookSecret+"\n"), 0o600))
 	base := map[string]string{
 		"EDGE_NATS_URL":   "nats://127.0.0.1:4222",
 		"EDGE_NATS_CREDS": "/run/secrets/edge.creds",
@@ -696,6 +700,32 @@ func TestConfigFromEnv(t *testing.T) {
 		{name: "NoURL", env: with("EDGE_NATS_URL", ""), wantErr: "EDGE_NATS_URL"},
 		{name: "NoCreds", env: with("EDGE_NATS_CREDS", ""), wantErr: "EDGE_NATS_CREDS"},
 		{name: "BadTurnWait", env: with("EDGE_TURN_WAIT", "10"), wantErr: "EDGE_TURN_WAIT"},
+		{name: "WebhookDefaults", env: base, check: func(t *testing.T, c Config) {
+			if c.WebhookURL != "" || c.WebhookTimeout != DefaultWebhookTimeout || c.WebhookRetries != DefaultWebhookRetries ||
+				c.WebhookInitialInterval != DefaultWebhookInitialInterval || c.WebhookMaxInterval != DefaultWebhookMaxInterval || c.ReviewersFile != "" {
+				t.Errorf("%+v", c)
+			}
+		}},
+		{name: "Webhook", env: with("EDGE_WEBHOOK_URL", "http://n8n:5678/webhook/brain", "EDGE_WEBHOOK_SECRET", testWebhookSecret,
+			"EDGE_WEBHOOK_TIMEOUT", "3s", "EDGE_REVIEWERS_FILE", "/run/secrets/reviewers"), check: func(t *testing.T, c Config) {
+			if c.WebhookURL != "http://n8n:5678/webhook/brain" || c.WebhookSecret != testWebhookSecret || c.WebhookTimeout != 3*time.Second ||
+				c.ReviewersFile != "/run/secrets/reviewers" {
+				t.Errorf("%+v", c)
+			}
+		}},
+		{name: "WebhookSecretFile", env: with("EDGE_WEBHOOK_URL", "https://n8n.example/webhook/x", "EDGE_WEBHOOK_SECRET_FILE", secretFile),
+			check: func(t *testing.T, c Config) {
+				if c.WebhookSecret != testWebhookSecret {
+					t.Errorf("secret %q from the file, want it without the newline", c.WebhookSecret)
+				}
+			}},
+		{name: "WebhookWithoutSecret", env: with("EDGE_WEBHOOK_URL", "http://n8n:5678/webhook/brain"), wantErr: "EDGE_WEBHOOK_SECRET"},
+		{name: "WebhookShortSecret", env: with("EDGE_WEBHOOK_URL", "http://n8n/w", "EDGE_WEBHOOK_SECRET", "short"), wantErr: "EDGE_WEBHOOK_SECRET"},
+		{name: "WebhookBothSecrets", env: with("EDGE_WEBHOOK_URL", "http://n8n/w", "EDGE_WEBHOOK_SECRET", testWebhookSecret,
+			"EDGE_WEBHOOK_SECRET_FILE", secretFile), wantErr: "EDGE_WEBHOOK_SECRET_FILE"},
+		{name: "WebhookRelativeURL", env: with("EDGE_WEBHOOK_URL", "/webhook/brain", "EDGE_WEBHOOK_SECRET", testWebhookSecret), wantErr: "EDGE_WEBHOOK_URL"},
+		{name: "WebhookFTP", env: with("EDGE_WEBHOOK_URL", "ftp://n8n/w", "EDGE_WEBHOOK_SECRET", testWebhookSecret), wantErr: "EDGE_WEBHOOK_URL"},
+		{name: "BadWebhookTimeout", env: with("EDGE_WEBHOOK_TIMEOUT", "soon"), wantErr: "EDGE_WEBHOOK_TIMEOUT"},
 		{name: "NegativePublishTimeout", env: with("EDGE_PUBLISH_TIMEOUT", "-1s"), wantErr: "EDGE_PUBLISH_TIMEOUT"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"n8nbrain/subjects"
@@ -20,6 +21,7 @@ import (
 type fakeBrainClient struct {
 	SubmitFunc func(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error)
 	ResultFunc func(ctx context.Context, key string) (turnOutcome, error)
+	CallFunc   func(ctx context.Context, method string, req any) ([]byte, error)
 }
 
 func (f *fakeBrainClient) Submit(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error) {
@@ -28,6 +30,10 @@ func (f *fakeBrainClient) Submit(ctx context.Context, key string, payload []byte
 
 func (f *fakeBrainClient) Result(ctx context.Context, key string) (turnOutcome, error) {
 	return f.ResultFunc(ctx, key)
+}
+
+func (f *fakeBrainClient) Call(ctx context.Context, method string, req any) ([]byte, error) {
+	return f.CallFunc(ctx, method, req)
 }
 
 // FuzzTurnSubmitDecode posts arbitrary bodies to POST /v1/turns. Whatever
@@ -89,6 +95,75 @@ func FuzzTurnSubmitDecode(f *testing.F) {
 		}
 		if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
 			t.Fatalf("Content-Type %q", ct)
+		}
+	})
+}
+
+// FuzzApprovalDecideDecode posts arbitrary bodies to the three decision
+// routes. Whatever the body: no panic; a 2xx only when the brain got a
+// decide request that passes its own strict decoding and rules, by
+// "n8n:<by>"; every other answer is a wire.ErrorReply with a code that is
+// not internal.
+func FuzzApprovalDecideDecode(f *testing.F) {
+	f.Add(uint8(0), []byte(`{"by":"alice"}`))
+	f.Add(uint8(1), []byte(`{"by":"alice","params":{"subject":"s","body":"b","tone":"formal"}}`))
+	f.Add(uint8(2), []byte(`{"by":"alice","reason":"phoned instead"}`))
+	f.Add(uint8(1), []byte(`{"by":"alice","params":{"body":"b","body":"c"}}`))
+	f.Add(uint8(2), []byte(`{"by":"al\u0000ice","reason":"x"}`))
+	f.Add(uint8(0), []byte(`{"by":"alice"} trailing`))
+	f.Add(uint8(1), []byte(`{"by":"alice","params":null}`))
+
+	decisions := []wire.ApprovalDecision{wire.DecisionApprove, wire.DecisionEdit, wire.DecisionReject}
+	id := testUUID(1)
+	h := newHandler(deps{
+		brain: &fakeBrainClient{
+			CallFunc: func(_ context.Context, method string, req any) ([]byte, error) {
+				if method != subjects.APIApprovalDecide {
+					return nil, internal(nil, "unexpected method "+method)
+				}
+				payload, err := json.Marshal(req)
+				if err != nil {
+					return nil, internal(err, "unencodable request")
+				}
+				var got wire.ApprovalDecideRequest
+				if err := wire.DecodeAPI(payload, &got); err != nil {
+					return nil, internal(err, "the brain would refuse the request")
+				}
+				if err := got.Validate(); err != nil || got.ApprovalID != id || !strings.HasPrefix(got.By, "n8n:") {
+					return nil, internal(err, "the request breaks the brain's rules")
+				}
+				return json.Marshal(wire.ApprovalDecideReply{Approval: sampleApproval(id), EventID: testUUID(2)})
+			},
+		},
+		token:     testToken,
+		connected: func() bool { return true },
+		logger:    slog.New(slog.DiscardHandler),
+	})
+
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		decision := decisions[int(which)%len(decisions)]
+		req := httptest.NewRequest(http.MethodPost, "/v1/approvals/"+id+"/"+string(decision), bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+
+		_, decodeErr := decodeDecideBody(id, body, decision)
+		if rec.Code >= 200 && rec.Code < 300 {
+			if decodeErr != nil {
+				t.Fatalf("status %d for a body the decoder refuses (%v)", rec.Code, decodeErr)
+			}
+			return
+		}
+		var er wire.ErrorReply
+		if err := json.Unmarshal(rec.Body.Bytes(), &er); err != nil || er.Error == nil || er.Error.Code == "" {
+			t.Fatalf("status %d with body %q: not a wire.ErrorReply with a code (%v)", rec.Code, rec.Body.Bytes(), err)
+		}
+		if er.Error.Code == wire.CodeInternal {
+			t.Fatalf("internal error for %s body %q: %s", decision, body, er.Error.Message)
+		}
+		if decodeErr == nil {
+			t.Fatalf("status %d (%s) for a body the decoder accepts", rec.Code, er.Error.Message)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -263,6 +264,8 @@ type testEdge struct {
 	url    string
 	client *http.Client
 	logs   *lockedBuffer
+	// stop ends Serve and waits for it to return nil; cleanup calls it too.
+	stop func()
 }
 
 func startEdge(t *testing.T, n *testNATS, edit func(*Config)) *testEdge {
@@ -285,18 +288,22 @@ func startEdge(t *testing.T, n *testNATS, edit func(*Config)) *testEdge {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, ln, cfg, logger) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve returned %v after its context ended, want nil", err)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Serve returned %v after its context ended, want nil", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("Serve did not return after its context ended")
 			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("Serve did not return after its context ended")
-		}
-	})
-	e := &testEdge{url: "http://" + ln.Addr().String(), client: &http.Client{Timeout: 30 * time.Second}, logs: logs}
+		})
+	}
+	t.Cleanup(stop)
+	e := &testEdge{url: "http://" + ln.Addr().String(), client: &http.Client{Timeout: 30 * time.Second}, logs: logs, stop: stop}
 	// The listener queues connections until Serve accepts; readiness is
 	// checked by the first request, which waits for it.
 	return e
@@ -430,5 +437,128 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// apiCall is a tenant API call as the fake brain received it.
+type apiCall struct {
+	Method string
+	Body   []byte
+}
+
+// approvalID of a call's request, when it has one.
+func (c apiCall) approvalID() string {
+	var req struct {
+		ApprovalID string `json:"approval_id"`
+	}
+	_ = json.Unmarshal(c.Body, &req)
+	return req.ApprovalID
+}
+
+// decide decodes an approval.decide request strictly, as the brain does.
+func (c apiCall) decide(t *testing.T) wire.ApprovalDecideRequest {
+	t.Helper()
+	if c.Method != subjects.APIApprovalDecide {
+		t.Fatalf("the brain got %s, want %s", c.Method, subjects.APIApprovalDecide)
+	}
+	var req wire.ApprovalDecideRequest
+	if err := wire.DecodeAPI(c.Body, &req); err != nil {
+		t.Fatalf("the edge sent a decide request the brain refuses: %v", err)
+	}
+	if err := req.Validate(); err != nil {
+		t.Fatalf("the edge sent an invalid decide request: %v", err)
+	}
+	return req
+}
+
+// apiAnswer is the fake brain's reply to an API call: Error, or Reply
+// encoded as JSON. A zero apiAnswer means no reply at all.
+type apiAnswer struct {
+	Reply any
+	Error *wire.Error
+}
+
+// fakeAPI answers the tenant API as the brain does: a queue subscription
+// on brain.api.*.> in the BRAIN account, replying with Brain-Status.
+type fakeAPI struct {
+	calls chan apiCall
+}
+
+func startFakeAPI(t *testing.T, n *testNATS, answer func(apiCall) apiAnswer) *fakeAPI {
+	t.Helper()
+	fa := &fakeAPI{calls: make(chan apiCall, 256)}
+	sub, err := n.brainNC.QueueSubscribe(subjects.APIQueueSubject(), subjects.APIQueue, func(m *nats.Msg) {
+		acc, method, err := subjects.ParseAPI(m.Subject)
+		if err != nil || acc != n.tenant.Public {
+			t.Errorf("fake brain: API call on %q (account %q): %v", m.Subject, acc, err)
+			return
+		}
+		c := apiCall{Method: method, Body: m.Data}
+		fa.calls <- c
+		a := answer(c)
+		out := nats.NewMsg(m.Reply)
+		switch {
+		case a.Error != nil:
+			out.Header.Set(wire.HeaderStatus, wire.StatusError)
+			out.Data = errorBody(a.Error)
+		case a.Reply != nil:
+			out.Header.Set(wire.HeaderStatus, wire.StatusOK)
+			if out.Data, err = json.Marshal(a.Reply); err != nil {
+				t.Errorf("fake brain: encode reply: %v", err)
+				return
+			}
+		default:
+			return
+		}
+		if err := m.RespondMsg(out); err != nil {
+			t.Errorf("fake brain: respond: %v", err)
+		}
+	})
+	must(t, err)
+	must(t, n.brainNC.Flush())
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return fa
+}
+
+// none reports an API call that should not have happened.
+func (fa *fakeAPI) none(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case c := <-fa.calls:
+		t.Errorf("%s: the brain got %s %s", what, c.Method, c.Body)
+	default:
+	}
+}
+
+// publishEvent publishes an event as the brain's outbox forwarder does:
+// core NATS, on brain.event.<account>.<event_id>, the payload as stored.
+func (n *testNATS) publishEvent(t *testing.T, id string, payload []byte) {
+	t.Helper()
+	must(t, n.brainNC.Publish(subjects.Event(n.tenant.Public, id), payload))
+	must(t, n.brainNC.Flush())
+}
+
+// testUUID is a valid approval or event id, distinct per n.
+func testUUID(n int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", n) }
+
+// sampleApproval is a pending draft_reply approval.
+func sampleApproval(id string) wire.Approval {
+	proposed := []byte(`{"body":"Hello,\nwe can quote on Tuesday.\nRegards","subject":"Re: Quote for a new hot water system","tone":"friendly"}`)
+	now := time.Now().UTC().Truncate(time.Second)
+	return wire.Approval{
+		ID: id, WorkItemID: "<CAF=wi-review@mail.example>", Turn: 1, Action: "draft_reply", CatalogueVersion: 1,
+		ApprovalMode: "review_app", Proof: wire.ProofExactText, Status: wire.ApprovalStatusPending,
+		Proposed: proposed, ProposedSHA256: wire.ContentSHA256(proposed),
+		ExpiresAt: now.Add(24 * time.Hour), CreatedAt: now.Add(-time.Minute),
+	}
+}
+
+// sampleEmail is the e-mail of sampleApproval, with markup to escape.
+func sampleEmail() *wire.Email {
+	return &wire.Email{
+		From:    "Customer <customer@example.com>",
+		To:      []string{"office@client-zero.example"},
+		Subject: "Quote for a new <b>hot water</b> system",
+		Body:    "Hi,\n<script>alert('pwned')</script>\nplease quote. Tom & Jerry",
 	}
 }

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -493,4 +495,156 @@ func (r *relay) fetch(ctx context.Context, key string) (rep brainReply, found bo
 		return brainReply{}, false, err
 	}
 	return rep, true, nil
+}
+
+// apiTimeout bounds one tenant API call to the brain.
+const apiTimeout = 5 * time.Second
+
+// Call calls a tenant API method (api.<method>, core NATS request-reply)
+// and returns the brain's reply body, exactly. A brain error comes back as
+// its *wire.Error; no brain, a timeout or a lost connection as unavailable.
+func (r *relay) Call(ctx context.Context, method string, req any) ([]byte, error) {
+	data, err := json.Marshal(req)
+	if err != nil { // cannot happen for the wire types
+		return nil, internal(err, "internal error")
+	}
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	subject := subjects.APILocal(method)
+	// No responders means no brain got the request (a replica restarting):
+	// asking again is safe, within the call's budget.
+	var m *nats.Msg
+	wait := backoff.WithContext(backoff.NewExponentialBackOff(backoff.WithInitialInterval(25*time.Millisecond),
+		backoff.WithMaxInterval(500*time.Millisecond), backoff.WithMaxElapsedTime(0)), ctx)
+	for {
+		m, err = r.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subject, Data: data})
+		if !errors.Is(err, nats.ErrNoResponders) {
+			break
+		}
+		d := wait.NextBackOff()
+		if d == backoff.Stop {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+			continue
+		}
+		break
+	}
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil, unavailable(err, "the brain is not answering right now; retry later")
+	case err != nil:
+		return nil, unavailable(fmt.Errorf("request %s: %w", subject, err), "the brain did not answer in time; retry")
+	}
+	switch st := m.Header.Get(wire.HeaderStatus); st {
+	case wire.StatusOK:
+		if !json.Valid(m.Data) {
+			return nil, internal(fmt.Errorf("%w on %s: the body is not JSON", errMalformedReply, subject), "the brain's reply is unreadable")
+		}
+		return m.Data, nil
+	case wire.StatusError:
+		return nil, brainReply{body: m.Data}.brainError()
+	default:
+		return nil, internal(fmt.Errorf("%w on %s: header %s is %q", errMalformedReply, subject, wire.HeaderStatus, st),
+			"the brain's reply is unreadable")
+	}
+}
+
+// eventSubscriber is a watermill Subscriber over the core NATS
+// subscription to the tenant's events (event.<event_id>).
+//
+// Why an adapter and not gochannel: gochannel hands a subscriber one
+// message at a time and waits for its ack before the next, and re-sends a
+// nacked message at once. One event retrying against a webhook that is down
+// would hold every other event behind it. This adapter hands each NATS
+// message to the router as it arrives (the router runs each in its own
+// goroutine), and ack and nack mean nothing here: core NATS has no acks.
+// The acknowledgement that counts is api.event.ack, and the redelivery that
+// counts is the brain publishing an unacknowledged event again.
+type eventSubscriber struct {
+	nc *nats.Conn
+
+	mu   sync.Mutex
+	subs []*eventSub
+}
+
+// Subscribe subscribes to topic, a NATS subject, until ctx is done or the
+// subscriber is closed. It returns once the server has the subscription.
+func (s *eventSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	es := &eventSub{out: make(chan *message.Message), closing: make(chan struct{})}
+	sub, err := s.nc.Subscribe(topic, func(m *nats.Msg) {
+		id, _ := strings.CutPrefix(m.Subject, subjects.LocalEvent)
+		wm := message.NewMessage(id, m.Data)
+		wm.SetContext(ctx)
+		es.send(wm)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to %s: %w", topic, err)
+	}
+	es.sub = sub
+	if err := s.nc.FlushTimeout(5 * time.Second); err != nil {
+		es.close()
+		return nil, fmt.Errorf("flush subscription to %s: %w", topic, err)
+	}
+	s.mu.Lock()
+	s.subs = append(s.subs, es)
+	s.mu.Unlock()
+	go func() {
+		select {
+		case <-ctx.Done():
+			es.close()
+		case <-es.closing:
+		}
+	}()
+	return es.out, nil
+}
+
+// Close ends every subscription and closes their channels.
+func (s *eventSubscriber) Close() error {
+	s.mu.Lock()
+	subs := s.subs
+	s.subs = nil
+	s.mu.Unlock()
+	for _, es := range subs {
+		es.close()
+	}
+	return nil
+}
+
+// eventSub is one subscription and the channel the router reads.
+type eventSub struct {
+	sub       *nats.Subscription
+	out       chan *message.Message
+	closing   chan struct{}
+	closeOnce sync.Once
+
+	mu     sync.Mutex // held while sending, so out is never closed under a sender
+	closed bool
+}
+
+func (es *eventSub) send(m *message.Message) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.closed {
+		return // the brain publishes it again
+	}
+	select {
+	case es.out <- m:
+	case <-es.closing:
+	}
+}
+
+func (es *eventSub) close() {
+	es.closeOnce.Do(func() {
+		close(es.closing) // frees a blocked send
+		if es.sub != nil {
+			_ = es.sub.Unsubscribe() // fails only when the connection is already closed
+		}
+		es.mu.Lock()
+		es.closed = true
+		close(es.out)
+		es.mu.Unlock()
+	})
 }

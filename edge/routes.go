@@ -19,14 +19,18 @@ import (
 )
 
 // brainClient is what the handlers need from the brain: submit a turn and
-// wait for its answer, and read a turn's stored answer. Errors carry a
-// *wire.Error (wire.ErrorOf finds it); the NATS relay implements it.
+// wait for its answer, read a turn's stored answer, and call the tenant
+// API. Errors carry a *wire.Error (wire.ErrorOf finds it); the NATS relay
+// implements it.
 type brainClient interface {
 	// Submit relays the turn with the given key, canonical payload and
 	// fingerprint and waits for its answer, or reports it pending.
 	Submit(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error)
 	// Result returns the stored answer of a turn; not_found when there is none.
 	Result(ctx context.Context, key string) (turnOutcome, error)
+	// Call calls a tenant API method (subjects.APIApprovalList, …) with
+	// req and returns the brain's reply body, exactly.
+	Call(ctx context.Context, method string, req any) ([]byte, error)
 }
 
 // turnOutcome is an answer to a turn that is not an error.
@@ -45,12 +49,33 @@ type deps struct {
 	token     string
 	connected func() bool
 	logger    *slog.Logger
+	// reviewers of the review page; nil when it is off.
+	reviewers *reviewers
+	// csrfKey signs the review page's forms (see review.go).
+	csrfKey []byte
 }
 
 // routes lists every HTTP route of the edge.
 func routes(mux *http.ServeMux, d deps) {
 	mux.Handle("POST /v1/turns", logged(d, "POST /v1/turns", requireToken(d, handleTurnSubmit(d))))
 	mux.Handle("GET /v1/turns/{key}", logged(d, "GET /v1/turns/{key}", requireToken(d, handleTurnGet(d))))
+
+	// The tenant API for n8n: approvals and the outcome report.
+	mux.Handle("GET /v1/approvals", logged(d, "GET /v1/approvals", requireToken(d, handleApprovalList(d))))
+	mux.Handle("GET /v1/approvals/{id}", logged(d, "GET /v1/approvals/{id}", requireToken(d, handleApprovalGet(d))))
+	mux.Handle("POST /v1/approvals/{id}/approve", logged(d, "POST /v1/approvals/{id}/approve",
+		requireToken(d, handleApprovalDecide(d, wire.DecisionApprove))))
+	mux.Handle("POST /v1/approvals/{id}/edit", logged(d, "POST /v1/approvals/{id}/edit",
+		requireToken(d, handleApprovalDecide(d, wire.DecisionEdit))))
+	mux.Handle("POST /v1/approvals/{id}/reject", logged(d, "POST /v1/approvals/{id}/reject",
+		requireToken(d, handleApprovalDecide(d, wire.DecisionReject))))
+	mux.Handle("GET /v1/report", logged(d, "GET /v1/report", requireToken(d, handleReport(d))))
+
+	// The review page, for humans (HTML, HTTP Basic).
+	mux.Handle("GET /review", logged(d, "GET /review", requireReviewer(d, handleReviewList(d))))
+	mux.Handle("GET /review/approvals/{id}", logged(d, "GET /review/approvals/{id}", requireReviewer(d, handleReviewApproval(d))))
+	mux.Handle("POST /review/approvals/{id}", logged(d, "POST /review/approvals/{id}", requireReviewer(d, handleReviewDecide(d))))
+
 	// Probes run every few seconds: their lines are Debug, not Info.
 	mux.Handle("GET /healthz", loggedAt(d, slog.LevelDebug, "GET /healthz", handleHealthz()))
 	mux.Handle("GET /readyz", loggedAt(d, slog.LevelDebug, "GET /readyz", handleReadyz(d)))
@@ -189,6 +214,16 @@ func fail(ctx context.Context, w http.ResponseWriter, err error) {
 
 // failStatus is fail with an explicit HTTP status; 0 means the table's.
 func failStatus(ctx context.Context, w http.ResponseWriter, status int, err error) {
+	e := noteError(ctx, err)
+	if status == 0 {
+		status = httpStatus(e)
+	}
+	writeErrorStatus(w, status, e)
+}
+
+// noteError notes err for the request's log line, with the full error when
+// it has a cause, and returns its wire error.
+func noteError(ctx context.Context, err error) *wire.Error {
 	e := wire.ErrorOf(err)
 	attrs := []slog.Attr{slog.String("error_code", string(e.Code))}
 	if e.Reason != "" {
@@ -202,10 +237,7 @@ func failStatus(ctx context.Context, w http.ResponseWriter, status int, err erro
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}
 	annotate(ctx, attrs...)
-	if status == 0 {
-		status = httpStatus(e)
-	}
-	writeErrorStatus(w, status, e)
+	return e
 }
 
 func handleHealthz() http.Handler {

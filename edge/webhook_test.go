@@ -1,0 +1,417 @@
+package edge
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"n8nbrain/subjects"
+	"n8nbrain/wire"
+)
+
+const testWebhookSecret = "webhook-secret-0123456789abcdef"
+
+// hookCall is a POST that reached the fake n8n.
+type hookCall struct {
+	N      int // 1 for the first POST
+	Header http.Header
+	Body   []byte
+}
+
+// fakeN8N stands in for n8n's Webhook node: it records every POST and
+// answers with what status says (which may block).
+type fakeN8N struct {
+	url   string
+	calls chan hookCall
+	n     atomic.Int32
+	ok    atomic.Int32 // 2xx answers given
+}
+
+func startFakeN8N(t *testing.T, status func(hookCall) int) *fakeN8N {
+	t.Helper()
+	f := &fakeN8N{calls: make(chan hookCall, 256)}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			t.Errorf("fake n8n: read body: %v", err)
+			return
+		}
+		c := hookCall{N: int(f.n.Add(1)), Header: r.Header.Clone(), Body: body}
+		f.calls <- c
+		code := status(c)
+		if code >= 200 && code < 300 {
+			f.ok.Add(1)
+		}
+		w.WriteHeader(code)
+		_, _ = w.Write([]byte(`{"message":"Workflow was started"}`))
+	}))
+	t.Cleanup(srv.Close)
+	f.url = srv.URL + "/webhook/brain-events"
+	return f
+}
+
+func always(code int) func(hookCall) int { return func(hookCall) int { return code } }
+
+// webhookEdge starts an edge delivering to f with fast retries and waits
+// until it is subscribed to events.
+func webhookEdge(t *testing.T, n *testNATS, f *fakeN8N, edit func(*Config)) *testEdge {
+	t.Helper()
+	e := startEdge(t, n, func(c *Config) {
+		c.WebhookURL = f.url
+		c.WebhookSecret = testWebhookSecret
+		c.WebhookRetries = 3
+		c.WebhookInitialInterval = 5 * time.Millisecond
+		c.WebhookMaxInterval = 20 * time.Millisecond
+		if edit != nil {
+			edit(c)
+		}
+	})
+	e.logs.waitFor(t, `"msg":"event delivery on"`)
+	return e
+}
+
+// ackRecorder answers event.ack and reports each acknowledged event id
+// along with how many 2xx n8n had answered by then.
+type ackRecorder struct {
+	acks chan ackSeen
+}
+
+type ackSeen struct {
+	EventID string
+	OKs     int32
+}
+
+func startAckingBrain(t *testing.T, n *testNATS, f *fakeN8N) *ackRecorder {
+	t.Helper()
+	ar := &ackRecorder{acks: make(chan ackSeen, 256)}
+	startFakeAPI(t, n, func(c apiCall) apiAnswer {
+		if c.Method != subjects.APIEventAck {
+			return apiAnswer{Error: &wire.Error{Code: wire.CodeNotFound, Message: "unexpected " + c.Method}}
+		}
+		var req wire.EventAckRequest
+		if err := wire.DecodeAPI(c.Body, &req); err != nil {
+			t.Errorf("the edge sent an invalid event.ack: %v", err)
+			return apiAnswer{Error: wire.ErrorOf(err)}
+		}
+		ar.acks <- ackSeen{EventID: req.EventID, OKs: f.ok.Load()}
+		return apiAnswer{Reply: wire.EventAckReply{Delivered: true}}
+	})
+	return ar
+}
+
+func (ar *ackRecorder) none(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case a := <-ar.acks:
+		t.Errorf("%s: event %s was acknowledged", what, a.EventID)
+	default:
+	}
+}
+
+// sampleEvent is the event of a decided approval, as the brain publishes
+// it: the outbox's jsonb payload, with its spacing and key order.
+func sampleEvent(id string) (wire.Event, []byte) {
+	ev := wire.Event{
+		EventID: id, Kind: wire.EventApprovalDecided, WorkItemID: "<CAF=wi-event@mail.example>", NextTurn: 2,
+		ApprovalID: testUUID(1), Decision: "approved", OccurredAt: time.Date(2026, 2, 3, 4, 5, 6, 0, time.UTC),
+	}
+	payload := []byte(`{"kind": "approval_decided", "decision": "approved", "event_id": "` + id +
+		`", "next_turn": 2, "approval_id": "` + testUUID(1) + `", "occurred_at": "2026-02-03T04:05:06Z", "work_item_id": "<CAF=wi-event@mail.example>"}`)
+	return ev, payload
+}
+
+// checkDelivery checks one POST: the headers n8n verifies and the event.
+func checkDelivery(t *testing.T, c hookCall, want wire.Event) {
+	t.Helper()
+	h := c.Header
+	if h.Get("Content-Type") != "application/json" || h.Get(HeaderIdempotencyKey) != want.EventID ||
+		h.Get(HeaderEventKind) != string(want.Kind) || h.Get(HeaderWebhookToken) != testWebhookSecret {
+		t.Errorf("delivery %d headers %v", c.N, h)
+	}
+	mac := hmac.New(sha256.New, []byte(testWebhookSecret))
+	mac.Write(c.Body)
+	if got, want := h.Get(HeaderSignature), "sha256="+hex.EncodeToString(mac.Sum(nil)); got != want {
+		t.Errorf("delivery %d: %s %q, want %q", c.N, HeaderSignature, got, want)
+	}
+	ts, err := strconv.ParseInt(h.Get(HeaderTimestamp), 10, 64)
+	if err != nil || time.Since(time.Unix(ts, 0)).Abs() > time.Minute {
+		t.Errorf("delivery %d: %s %q is not now", c.N, HeaderTimestamp, h.Get(HeaderTimestamp))
+	}
+	var got wire.Event
+	if err := wire.DecodeAPI(c.Body, &got); err != nil {
+		t.Fatalf("delivery %d: body %s: %v", c.N, c.Body, err)
+	}
+	if got != want {
+		t.Errorf("delivery %d: event %+v, want %+v", c.N, got, want)
+	}
+}
+
+func TestWebhookDelivers(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	f := startFakeN8N(t, always(http.StatusOK))
+	ar := startAckingBrain(t, n, f)
+	e := webhookEdge(t, n, f, nil)
+
+	id := testUUID(100)
+	want, payload := sampleEvent(id)
+	n.publishEvent(t, id, payload)
+	checkDelivery(t, next(t, f.calls, "the delivery"), want)
+	if a := next(t, ar.acks, "the ack"); a.EventID != id || a.OKs != 1 {
+		t.Errorf("ack %+v, want event %s after n8n's 2xx", a, id)
+	}
+	e.logs.waitFor(t, `"msg":"event delivered"`)
+
+	logs := e.logs.String()
+	for _, secret := range []string{testWebhookSecret, "wi-event@mail.example", "/webhook/brain-events"} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("the log contains %q", secret)
+		}
+	}
+	if !strings.Contains(logs, `"event_id":"`+id+`"`) || !strings.Contains(logs, `"kind":"approval_decided"`) {
+		t.Errorf("the log lacks the event id and kind:\n%s", logs)
+	}
+}
+
+func TestWebhookRetriesUntilUp(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	f := startFakeN8N(t, func(c hookCall) int {
+		if c.N <= 3 {
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusAccepted
+	})
+	ar := startAckingBrain(t, n, f)
+	e := webhookEdge(t, n, f, nil)
+
+	id := testUUID(101)
+	want, payload := sampleEvent(id)
+	n.publishEvent(t, id, payload)
+	for i := 1; i <= 4; i++ {
+		c := next(t, f.calls, "a delivery attempt")
+		checkDelivery(t, c, want) // the same Idempotency-Key every time
+		if i < 4 {
+			ar.none(t, "before n8n answered 2xx")
+		}
+	}
+	if a := next(t, ar.acks, "the ack"); a.EventID != id || a.OKs != 1 {
+		t.Errorf("ack %+v, want event %s right after the 2xx", a, id)
+	}
+	e.logs.waitFor(t, `"msg":"event delivered"`)
+	ar.none(t, "after the ack")
+	if strings.Contains(e.logs.String(), "event parked") {
+		t.Errorf("the event was parked although a retry succeeded")
+	}
+}
+
+func TestWebhookOneDeliveryInFlight(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	release := make(chan struct{})
+	f := startFakeN8N(t, func(hookCall) int {
+		<-release
+		return http.StatusOK
+	})
+	var once atomic.Bool
+	t.Cleanup(func() {
+		if once.CompareAndSwap(false, true) {
+			close(release)
+		}
+	})
+	ar := startAckingBrain(t, n, f)
+	e := webhookEdge(t, n, f, nil)
+
+	id := testUUID(102)
+	_, payload := sampleEvent(id)
+	n.publishEvent(t, id, payload)
+	next(t, f.calls, "the delivery")
+	// The brain publishes it again while n8n is still working on it.
+	n.publishEvent(t, id, payload)
+	n.publishEvent(t, id, payload)
+	e.logs.waitFor(t, `"msg":"event already in delivery; skipped"`)
+	once.Store(true)
+	close(release)
+
+	if a := next(t, ar.acks, "the ack"); a.EventID != id {
+		t.Errorf("ack %+v", a)
+	}
+	e.logs.waitFor(t, `"msg":"event delivered"`)
+	if c := f.n.Load(); c != 1 {
+		t.Errorf("n8n got %d POSTs, want 1", c)
+	}
+	ar.none(t, "a second delivery")
+}
+
+func TestWebhookParksThenRedelivers(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	var up atomic.Bool
+	f := startFakeN8N(t, func(hookCall) int {
+		if up.Load() {
+			return http.StatusOK
+		}
+		return http.StatusInternalServerError
+	})
+	ar := startAckingBrain(t, n, f)
+	e := webhookEdge(t, n, f, func(c *Config) { c.WebhookRetries = 2 })
+
+	id := testUUID(103)
+	want, payload := sampleEvent(id)
+	n.publishEvent(t, id, payload)
+	e.logs.waitFor(t, `"msg":"event parked`)
+	if c := f.n.Load(); c != 3 {
+		t.Errorf("n8n got %d POSTs before the event was parked, want 3 (1 + 2 retries)", c)
+	}
+	ar.none(t, "a parked event")
+	logs := e.logs.String()
+	if !strings.Contains(logs, `"level":"WARN","msg":"event parked`) || !strings.Contains(logs, `"kind":"approval_decided"`) {
+		t.Errorf("the parked event is not logged at Warn with its kind:\n%s", logs)
+	}
+
+	// Later the brain publishes it again; n8n is back.
+	up.Store(true)
+	n.publishEvent(t, id, payload)
+	if a := next(t, ar.acks, "the ack"); a.EventID != id || a.OKs != 1 {
+		t.Errorf("ack %+v", a)
+	}
+	var last hookCall
+	for range 4 {
+		last = next(t, f.calls, "a POST")
+		checkDelivery(t, last, want)
+	}
+	if last.N != 4 {
+		t.Errorf("the delivery after the re-publish is POST %d, want 4", last.N)
+	}
+}
+
+func TestWebhookMalformedEventIsParked(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	f := startFakeN8N(t, always(http.StatusOK))
+	ar := startAckingBrain(t, n, f)
+	e := webhookEdge(t, n, f, nil)
+
+	id := testUUID(104)
+	_, payload := sampleEvent(id)
+	bad := bytes.Replace(payload, []byte(`"next_turn": 2`), []byte(`"next_turn": 2, "email_body": "secret"`), 1)
+	n.publishEvent(t, id, bad)
+	other := testUUID(105)
+	n.publishEvent(t, other, payload) // its event_id is not its subject's
+	e.logs.waitFor(t, `"event_id":"`+id+`"`)
+	e.logs.waitFor(t, `"event_id":"`+other+`"`)
+	if c := f.n.Load(); c != 0 {
+		t.Errorf("n8n got %d POSTs of malformed events", c)
+	}
+	ar.none(t, "a malformed event")
+	if logs := e.logs.String(); strings.Count(logs, "event parked") != 2 || strings.Contains(logs, "secret") {
+		t.Errorf("want both events parked, without their content:\n%s", logs)
+	}
+}
+
+func TestWebhookEdgeRestart(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	var up atomic.Bool
+	f := startFakeN8N(t, func(hookCall) int {
+		if up.Load() {
+			return http.StatusNoContent
+		}
+		return http.StatusBadGateway
+	})
+	ar := startAckingBrain(t, n, f)
+	// Retries that outlast the test: the edge is stopped mid-delivery.
+	slow := func(c *Config) {
+		c.WebhookRetries = 1000
+		c.WebhookMaxInterval = time.Second
+	}
+	first := webhookEdge(t, n, f, slow)
+
+	id := testUUID(106)
+	want, payload := sampleEvent(id)
+	n.publishEvent(t, id, payload)
+	next(t, f.calls, "the first attempt")
+	next(t, f.calls, "the second attempt")
+	start := time.Now()
+	first.stop()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the edge took %s to stop mid-delivery", d)
+	}
+	ar.none(t, "an undelivered event")
+	if strings.Contains(first.logs.String(), "event parked") {
+		t.Errorf("the shutdown parked the event:\n%s", first.logs.String())
+	}
+
+	up.Store(true)
+	second := webhookEdge(t, n, f, slow)
+	// The brain publishes the unacknowledged event again.
+	n.publishEvent(t, id, payload)
+	if a := next(t, ar.acks, "the ack"); a.EventID != id {
+		t.Errorf("ack %+v", a)
+	}
+	second.logs.waitFor(t, `"msg":"event delivered"`)
+	var last hookCall
+	for len(f.calls) > 0 {
+		last = <-f.calls
+	}
+	checkDelivery(t, last, want)
+	if last.Header.Get(HeaderIdempotencyKey) != id {
+		t.Errorf("Idempotency-Key %q after the restart, want %q", last.Header.Get(HeaderIdempotencyKey), id)
+	}
+}
+
+func TestWebhookOff(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	e := startEdge(t, n, nil)
+	e.logs.waitFor(t, "events are not delivered: EDGE_WEBHOOK_URL is not set")
+}
+
+// TestServeLeavesNoGoroutines stops an edge in the middle of a delivery and
+// checks that nothing it started is left: the router, its handlers, the
+// subscription's goroutine, the webhook client's connections. It is not
+// parallel, so the goroutines it looks for can only be this edge's.
+func TestServeLeavesNoGoroutines(t *testing.T) {
+	n := startNATS(t, false)
+	f := startFakeN8N(t, always(http.StatusServiceUnavailable))
+	e := webhookEdge(t, n, f, func(c *Config) { c.WebhookRetries = 1000 })
+	id := testUUID(108)
+	_, payload := sampleEvent(id)
+	n.publishEvent(t, id, payload)
+	next(t, f.calls, "an attempt")
+	next(t, f.calls, "another attempt")
+	e.stop()
+
+	leaked := func() []string {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var out []string
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			for _, frame := range []string{"ThreeDotsLabs/watermill", "n8nbrain/edge.Serve", "n8nbrain/edge.(*eventSub", "net/http.(*persistConn)"} {
+				if strings.Contains(g, frame) {
+					out = append(out, g)
+					break
+				}
+			}
+		}
+		return out
+	}
+	// Goroutines end a moment after the calls that stop them return.
+	deadline := time.Now().Add(5 * time.Second)
+	for g := leaked(); len(g) > 0; g = leaked() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines left after Serve returned:\n%s", len(g), strings.Join(g, "\n\n"))
+		}
+		runtime.Gosched()
+	}
+}
