@@ -154,6 +154,7 @@ type edgeClient struct {
 	t     *testing.T
 	base  string
 	token string
+	stop  func()
 }
 
 func (s *system) startEdge(tn *devstack.Tenant, mutate func(*edge.Config)) *edgeClient {
@@ -170,13 +171,17 @@ func (s *system) startEdge(tn *devstack.Tenant, mutate func(*edge.Config)) *edge
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- edge.Serve(ctx, ln, cfg, slog.New(s.logs.handler()).With("component", "edge")) }()
-	s.t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			s.t.Errorf("edge %s: %v", tn.ID, err)
-		}
-	})
-	return &edgeClient{t: s.t, base: "http://" + ln.Addr().String(), token: tn.Token}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				s.t.Errorf("edge %s: %v", tn.ID, err)
+			}
+		})
+	}
+	s.t.Cleanup(stop)
+	return &edgeClient{t: s.t, base: "http://" + ln.Addr().String(), token: tn.Token, stop: stop}
 }
 
 type response struct {
