@@ -232,8 +232,8 @@ func (p Param) check(raw json.RawMessage) (any, error) {
 		if !ok {
 			return nil, fmt.Errorf("must be a string")
 		}
-		if !utf8.ValidString(s) {
-			return nil, fmt.Errorf("must be valid UTF-8")
+		if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
+			return nil, fmt.Errorf("must be valid UTF-8 without NUL characters")
 		}
 		if p.Required && strings.TrimSpace(s) == "" {
 			return nil, fmt.Errorf("must not be empty")

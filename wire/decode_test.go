@@ -39,6 +39,8 @@ func TestDecodeTurnSubmitRequest(t *testing.T) {
 		{"BadOutcome", `{"work_item_id":"w","turn":2,"latest_result":{"action":"x","outcome":"maybe"}}`, "latest_result.outcome", false},
 		{"ClosedManualNeedsHumanAction", `{"work_item_id":"w","turn":2,"latest_result":{"action":"send_reply","outcome":"closed_manual"}}`, "latest_result.human_action", false},
 		{"BadTime", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"b","received_at":"yesterday"}}`, "", false},
+		{"NULInBody", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"a\u0000b"}}`, "email.body", false},
+		{"NULInHumanText", `{"work_item_id":"w","turn":2,"latest_result":{"action":"x","outcome":"closed_manual","human_action":{"kind":"replied","text":"\u0000"}}}`, "latest_result.human_action", false},
 		{"TooLarge", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"` + strings.Repeat("x", MaxTurnBytes) + `"}}`, "", false},
 	}
 	for _, tt := range tests {

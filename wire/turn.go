@@ -213,6 +213,11 @@ func (r *TurnSubmitRequest) Validate() error {
 	case r.Turn == 1 && r.LatestResult != nil:
 		return invalidField("latest_result", "must be absent on turn 1: no action was proposed yet")
 	}
+	if field := nulField(r); field != "" {
+		// Postgres cannot store U+0000 in text or jsonb: refused at the door
+		// rather than failing the turn on every retry.
+		return invalidField(field, "contains the NUL character (U+0000)")
+	}
 	if e := r.Email; e != nil {
 		switch {
 		case strings.TrimSpace(e.From) == "":
@@ -245,6 +250,36 @@ func (r *TurnSubmitRequest) Validate() error {
 		}
 	}
 	return nil
+}
+
+// nulField names the first text field containing U+0000, or "".
+func nulField(r *TurnSubmitRequest) string {
+	has := func(s string) bool { return strings.ContainsRune(s, 0) }
+	if has(r.TenantID) {
+		return "tenant_id"
+	}
+	if e := r.Email; e != nil {
+		for _, f := range [...]struct{ name, v string }{{"email.message_id", e.MessageID}, {"email.thread_id", e.ThreadID},
+			{"email.from", e.From}, {"email.subject", e.Subject}, {"email.body", e.Body}} {
+			if has(f.v) {
+				return f.name
+			}
+		}
+		for _, v := range append(append([]string{}, e.To...), e.Cc...) {
+			if has(v) {
+				return "email.to"
+			}
+		}
+	}
+	if lr := r.LatestResult; lr != nil {
+		if has(lr.Action) || has(lr.Detail) {
+			return "latest_result"
+		}
+		if h := lr.HumanAction; h != nil && (has(h.Kind) || has(h.Text)) {
+			return "latest_result.human_action"
+		}
+	}
+	return ""
 }
 
 func invalidField(field, problem string) *Error {
