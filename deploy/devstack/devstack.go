@@ -63,6 +63,7 @@ type keyFile struct {
 	Tenants          map[string]string `json:"tenants"`
 	EdgeTokens       map[string]string `json:"edge_tokens"`
 	SealingKey       string            `json:"sealing_key"`
+	ReviewerPassword string            `json:"reviewer_password"`
 	RegistryPassword string            `json:"registry_reader_password"`
 }
 
@@ -127,6 +128,9 @@ func (s *Stack) loadKeys() error {
 	}
 	if k.RegistryPassword == "" {
 		k.RegistryPassword = randomToken()
+	}
+	if k.ReviewerPassword == "" {
+		k.ReviewerPassword = randomToken()[:16]
 	}
 	s.keys = k
 	return nil

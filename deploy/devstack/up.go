@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	"golang.org/x/crypto/bcrypt"
+
 	"n8nbrain/brain"
 	"n8nbrain/deploy/localpg"
 	"n8nbrain/edge"
@@ -75,7 +77,13 @@ func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error
 	if err != nil {
 		return fmt.Errorf("edge listen: %w", err)
 	}
-	wg.Go(func() { errs <- edge.Serve(ctx, ln, st.EdgeConfig(tn), log.With("component", "edge")) })
+	ecfg := st.EdgeConfig(tn)
+	if ecfg.ReviewersFile, err = st.writeReviewers(); err != nil {
+		return err
+	}
+	// n8n's Webhook node, when the developer runs one.
+	ecfg.WebhookURL, ecfg.WebhookSecret = o.Getenv("EDGE_WEBHOOK_URL"), o.Getenv("EDGE_WEBHOOK_SECRET")
+	wg.Go(func() { errs <- edge.Serve(ctx, ln, ecfg, log.With("component", "edge")) })
 
 	fmt.Fprintf(out, `
 The development stack is up.
@@ -83,6 +91,9 @@ The development stack is up.
   Postgres    %s (admin URL in %s)
   brain       %d replicas; metrics at http://%s/metrics
   edge        http://%s for tenant %s
+
+Review page (approve, edit or reject drafts): http://%s/review  user dev, password %s
+Events go to EDGE_WEBHOOK_URL when set (with EDGE_WEBHOOK_SECRET); otherwise they wait in the outbox.
 
 Submit a turn as n8n would:
 
@@ -92,7 +103,7 @@ Submit a turn as n8n would:
 
 Ctrl-C stops everything; state stays in %s.
 `, st.NATS.ClientURL(), filepath.Join(o.Dir, "stack", "creds"), "127.0.0.1:"+fmt.Sprint(pg.Port), pg.AdminURLFile(),
-		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, ln.Addr(), tn.Token, o.Dir)
+		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, ln.Addr(), st.keys.ReviewerPassword, ln.Addr(), tn.Token, o.Dir)
 
 	var first error
 	select {
@@ -133,4 +144,15 @@ func PGEnv(ctx context.Context, o UpOptions, out io.Writer) error {
 	}
 	_, err = fmt.Fprintf(out, "export %s='%s'\n", testdb.EnvAdminURL, pg.AdminURL())
 	return err
+}
+
+// writeReviewers writes the edge's reviewers file: one development
+// reviewer, "dev", with the password kept in the stack's keys.
+func (s *Stack) writeReviewers() (string, error) {
+	hash, err := bcrypt.GenerateFromPassword([]byte(s.keys.ReviewerPassword), bcrypt.DefaultCost)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(s.cfg.Dir, "reviewers")
+	return path, os.WriteFile(path, []byte("# development reviewer (make dev prints the password)\ndev:"+string(hash)+"\n"), 0o600)
 }
