@@ -57,6 +57,7 @@ type Tenant struct {
 	Categories       []string
 	ModelName        string
 	ModelOptions     map[string]any
+	// DailyTokenBudget caps model tokens per day (UTC); 0 means unlimited.
 	DailyTokenBudget int64
 	Rules            []Rule
 	UpdatedAt        time.Time
