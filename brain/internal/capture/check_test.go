@@ -72,7 +72,7 @@ func TestCheckClassification(t *testing.T) {
 		{"ParamsTooLong", `{"category":"general","priority":"low","confidence":1,"action":"close_item","params":{"resolution":"` + strings.Repeat("x", 201) + `"}}`, []string{"params_invalid"}, ""},
 		{"ParamsWrongType", `{"category":"general","priority":"low","confidence":1,"action":"close_item","params":{"resolution":5}}`, []string{"params_invalid"}, ""},
 		{"ParamsNull", `{"category":"general","priority":"low","confidence":1,"action":"close_item","params":null}`, []string{"missing_params"}, ""},
-		{"ParamsNul", `{"category":"general","priority":"low","confidence":1,"action":"close_item","params":{"resolution":"a\u0000"}}`, []string{"control_chars"}, ""},
+		{"ParamsNulRefusedByCatalogue", `{"category":"general","priority":"low","confidence":1,"action":"close_item","params":{"resolution":"a\u0000"}}`, []string{"params_invalid"}, ""},
 		{"ParamsDuplicate", `{"category":"general","priority":"low","confidence":1,"action":"close_item","params":{"resolution":"a","resolution":"b"}}`, []string{"duplicate_field"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -127,7 +127,7 @@ func TestCheckDraft(t *testing.T) {
 		{"BodyTooLong", `{"subject":"s","body":"` + strings.Repeat("b", 20001) + `"}`, []string{"params_invalid"}, ""},
 		{"NumberBody", `{"subject":"s","body":5}`, []string{"wrong_type"}, ""},
 		{"NotJSON", `Dear customer, thanks.`, []string{"not_json"}, ""},
-		{"NulInBody", `{"subject":"s","body":"b\u0000c"}`, []string{"control_chars"}, ""},
+		{"NulInBodyRefusedByCatalogue", `{"subject":"s","body":"b\u0000c"}`, []string{"params_invalid"}, ""},
 		{"EscapeInSubject", `{"subject":"s\u001b[31m","body":"b"}`, []string{"control_chars"}, ""},
 		{"NewlinesAndTabs", `{"subject":"s","body":"Hi,\n\tthanks\r\n"}`, nil, `{"body":"Hi,\n\tthanks\r\n","subject":"s"}`},
 	} {

@@ -173,7 +173,7 @@ type Statement struct {
 // runs the extra statements. A concurrent writer that advanced the item or
 // decided the turn first makes it return ErrConflict, with nothing written.
 func TurnCommit(ctx context.Context, db interface {
-	Begin(context.Context) (pgx.Tx, error)
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
 }, w TurnWrite) error {
 	err := turnCommit(ctx, db, w)
 	if err == nil && w.AfterCommit != nil {
@@ -182,81 +182,85 @@ func TurnCommit(ctx context.Context, db interface {
 	return err
 }
 
+// turnCommit sends every statement of the turn as one pipelined batch: one
+// round trip and one implicit transaction (all or nothing). The guard
+// against a concurrent writer is the decisions primary key: work_items.turn
+// only ever advances in a transaction that inserts the decision of the new
+// turn, so if the item is no longer at turn-1, decision (item, turn) exists
+// and this insert fails, which rolls the whole batch back.
 func turnCommit(ctx context.Context, db interface {
-	Begin(context.Context) (pgx.Tx, error)
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
 }, w TurnWrite) error {
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		it := w.Item
-		var email, human []byte
-		var err error
-		if it.Email != nil {
-			if email, err = json.Marshal(it.Email); err != nil {
-				return err
-			}
+	it := w.Item
+	var email, human []byte
+	var err error
+	if it.Email != nil {
+		if email, err = json.Marshal(it.Email); err != nil {
+			return err
 		}
-		if it.HumanAction != nil {
-			if human, err = json.Marshal(it.HumanAction); err != nil {
-				return err
-			}
+	}
+	if it.HumanAction != nil {
+		if human, err = json.Marshal(it.HumanAction); err != nil {
+			return err
 		}
-		b := &pgx.Batch{}
-		// Insert on the first turn; otherwise advance only from the previous
-		// turn (optimistic check): 0 rows means somebody else moved the item.
-		b.Queue(`INSERT INTO work_items AS w (id, turn, status, status_reason, needs_human, category, priority,
-				confidence, assessment_source, catalogue_version, approval_mode, email, last_action,
-				last_action_params, action_state, outcome, human_action, closed_at)
-			VALUES ($1, $2, $3, NULLIF($4, ''), $5, NULLIF($6, ''), NULLIF($7, ''), $8, NULLIF($9, ''), $10, $11, $12,
-				NULLIF($13, ''), $14, NULLIF($15, ''), NULLIF($16, ''), $17, $18)
-			ON CONFLICT (id) DO UPDATE SET turn = EXCLUDED.turn, status = EXCLUDED.status,
-				status_reason = EXCLUDED.status_reason, needs_human = EXCLUDED.needs_human,
-				category = EXCLUDED.category, priority = EXCLUDED.priority, confidence = EXCLUDED.confidence,
-				assessment_source = EXCLUDED.assessment_source, email = COALESCE(EXCLUDED.email, w.email),
-				last_action = EXCLUDED.last_action, last_action_params = EXCLUDED.last_action_params,
-				action_state = EXCLUDED.action_state, outcome = EXCLUDED.outcome,
-				human_action = COALESCE(EXCLUDED.human_action, w.human_action),
-				closed_at = EXCLUDED.closed_at, updated_at = now()
-			WHERE w.turn = EXCLUDED.turn - 1`,
-			it.ID, it.Turn, it.Status, it.StatusReason, it.NeedsHuman, it.Category, it.Priority,
-			it.Confidence, it.AssessmentSource, it.CatalogueVersion, it.ApprovalMode, email, string(it.LastAction),
-			nullJSON(it.LastActionParams), string(it.ActionState), it.Outcome, human, it.ClosedAt)
-		d := w.Decision
-		var action *string
-		if d.Action != "" {
-			a := string(d.Action)
-			action = &a
-		}
-		b.Queue(`INSERT INTO decisions (work_item_id, turn, fingerprint, turn_seq, status, action, reply)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`, d.WorkItemID, d.Turn, d.Fingerprint, d.TurnSeq, d.Status, action, d.Reply)
-		for _, s := range w.Extra {
-			b.Queue(s.SQL, s.Args...)
-		}
-		br := tx.SendBatch(ctx, b)
+	}
+	b := &pgx.Batch{}
+	// Insert on the first turn; otherwise advance only from the previous
+	// turn (optimistic check): 0 rows means somebody else moved the item.
+	b.Queue(`INSERT INTO work_items AS w (id, turn, status, status_reason, needs_human, category, priority,
+			confidence, assessment_source, catalogue_version, approval_mode, email, last_action,
+			last_action_params, action_state, outcome, human_action, closed_at)
+		VALUES ($1, $2, $3, NULLIF($4, ''), $5, NULLIF($6, ''), NULLIF($7, ''), $8, NULLIF($9, ''), $10, $11, $12,
+			NULLIF($13, ''), $14, NULLIF($15, ''), NULLIF($16, ''), $17, $18)
+		ON CONFLICT (id) DO UPDATE SET turn = EXCLUDED.turn, status = EXCLUDED.status,
+			status_reason = EXCLUDED.status_reason, needs_human = EXCLUDED.needs_human,
+			category = EXCLUDED.category, priority = EXCLUDED.priority, confidence = EXCLUDED.confidence,
+			assessment_source = EXCLUDED.assessment_source, email = COALESCE(EXCLUDED.email, w.email),
+			last_action = EXCLUDED.last_action, last_action_params = EXCLUDED.last_action_params,
+			action_state = EXCLUDED.action_state, outcome = EXCLUDED.outcome,
+			human_action = COALESCE(EXCLUDED.human_action, w.human_action),
+			closed_at = EXCLUDED.closed_at, updated_at = now()
+		WHERE w.turn = EXCLUDED.turn - 1`,
+		it.ID, it.Turn, it.Status, it.StatusReason, it.NeedsHuman, it.Category, it.Priority,
+		it.Confidence, it.AssessmentSource, it.CatalogueVersion, it.ApprovalMode, email, string(it.LastAction),
+		nullJSON(it.LastActionParams), string(it.ActionState), it.Outcome, human, it.ClosedAt)
+	d := w.Decision
+	var action *string
+	if d.Action != "" {
+		a := string(d.Action)
+		action = &a
+	}
+	b.Queue(`INSERT INTO decisions (work_item_id, turn, fingerprint, turn_seq, status, action, reply)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`, d.WorkItemID, d.Turn, d.Fingerprint, d.TurnSeq, d.Status, action, d.Reply)
+	for _, s := range w.Extra {
+		b.Queue(s.SQL, s.Args...)
+	}
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+	advanced, err := br.Exec()
+	if err != nil {
+		return translate(err, "advance work item")
+	}
+	if _, err := br.Exec(); err != nil {
+		return translate(err, "insert decision")
+	}
+	for i, st := range w.Extra {
 		tag, err := br.Exec()
 		if err != nil {
-			br.Close()
-			return translate(err, "advance work item")
+			return translate(err, fmt.Sprintf("turn statement %d", i+1))
 		}
-		if tag.RowsAffected() != 1 {
-			br.Close()
-			return fmt.Errorf("advance work item to turn %d: %w", it.Turn, ErrConflict)
+		if tag.RowsAffected() == 0 && !st.Optional {
+			return fmt.Errorf("turn statement %d affected no row (committed; a bug in the statement)", i+1)
 		}
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return translate(err, "insert decision")
-		}
-		for i, st := range w.Extra {
-			tag, err := br.Exec()
-			if err != nil {
-				br.Close()
-				return translate(err, fmt.Sprintf("turn statement %d", i+1))
-			}
-			if tag.RowsAffected() == 0 && !st.Optional {
-				br.Close()
-				return fmt.Errorf("turn statement %d affected no row: %w", i+1, ErrConflict)
-			}
-		}
-		return br.Close()
-	})
+	}
+	if err := br.Close(); err != nil {
+		return translate(err, "commit turn")
+	}
+	if advanced.RowsAffected() != 1 {
+		// Impossible by the invariant above; loud if it ever is not.
+		return fmt.Errorf("work item did not advance to turn %d but its decision was inserted: invariant broken", it.Turn)
+	}
+	return nil
 }
 
 func nullJSON(b json.RawMessage) any {
