@@ -32,10 +32,9 @@ verify: lint
 build:
 	$(GO) build -o bin/ ./brain/cmd/brain ./edge/cmd/edge ./deploy/cmd/devstack
 
-## bench: the turn benchmarks of BENCHMARKS.md
+## bench: the turn benchmarks and the LangGraph baseline of BENCHMARKS.md, with a summary of ratios (not part of test/CI)
 bench:
-	@deploy/ensure-postgres.sh
-	@eval "$$($(GO) run ./deploy/cmd/devstack pg-env)" && $(GO) test -run '^$$' -bench . -benchtime 2000x -count 1 ./tests/
+	@tests/bench/run.sh
 
 ## fuzz: run each fuzz target for a while (FUZZTIME=30s by default)
 FUZZTIME ?= 30s

@@ -37,14 +37,14 @@ import (
 // prefixed so parallel tests share one Postgres cluster), real brain
 // replicas and real edges. Everything started is stopped by t.Cleanup.
 type system struct {
-	t        *testing.T
+	t        testing.TB
 	adminURL string
 	stack    *devstack.Stack
 	logs     *logSink
 	streams  stream.Config
 }
 
-func newSystem(t *testing.T) *system {
+func newSystem(t testing.TB) *system {
 	t.Helper()
 	adminURL := testdb.AdminURL(t)
 	prefix := "x" + randomHex(4) + "_"
@@ -151,7 +151,7 @@ func (s *system) startBrain(replica string, mutate func(*brain.Config)) (stop fu
 
 // edgeClient talks to a running edge as n8n would.
 type edgeClient struct {
-	t     *testing.T
+	t     testing.TB
 	base  string
 	token string
 	stop  func()

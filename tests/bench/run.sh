@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The turn benchmarks of BENCHMARKS.md (`make bench`): the Go benchmarks
+# (floors, the full turn, concurrency, replay, the stage breakdown) and the
+# LangGraph baseline, in one run on this machine, then one summary of ratios.
+#
+#   BENCH_N      iterations per measurement (default 2000)
+#   BENCH_OUT    folder for the raw outputs (default .data/bench/<UTC time>)
+#   BENCH_SKIP_LANGGRAPH=1  run the Go benchmarks only
+#
+# Not part of `make test` or CI: it needs no Node, but uses it when present.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+N="${BENCH_N:-2000}"
+CONCURRENCY=16 # fixed in tests/bench_test.go (benchConcurrency)
+OUT="${BENCH_OUT:-.data/bench/$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$OUT"
+
+if [ -n "${BRAIN_TEST_DATABASE_URL:-}" ]; then
+	echo "Postgres: BRAIN_TEST_DATABASE_URL is set; using that cluster."
+else
+	# As `make test` does: the local cluster in .data/pg, started if needed.
+	deploy/ensure-postgres.sh
+	pg_env="$(go run ./deploy/cmd/devstack pg-env)"
+	eval "$pg_env"
+fi
+
+{
+	echo "date:     $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+	echo "cpus:     $(nproc) ($(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//'))"
+	echo "memory:   $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo 2>/dev/null)"
+	echo "go:       $(go version | awk '{print $3}')"
+	if command -v node >/dev/null 2>&1; then echo "node:     $(node --version)"; fi
+	if command -v psql >/dev/null 2>&1; then
+		echo "postgres: $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW server_version' 2>/dev/null) (fsync $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW fsync' 2>/dev/null), synchronous_commit $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW synchronous_commit' 2>/dev/null))"
+	fi
+	echo "load:     $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) (1/5/15 min, before the run)"
+} | tee "$OUT/machine.txt"
+
+echo
+echo "== Go benchmarks: go test -run '^\$' -bench . -benchtime ${N}x -count 1 ./tests/"
+go test -run '^$' -bench . -benchtime "${N}x" -count 1 -timeout 30m ./tests/ | tee "$OUT/go.txt"
+
+: >"$OUT/langgraph.jsonl"
+if [ "${BENCH_SKIP_LANGGRAPH:-}" = 1 ]; then
+	echo "BENCH_SKIP_LANGGRAPH=1: skipping the LangGraph baseline."
+elif command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+	echo
+	echo "== LangGraph baseline: node tests/bench/langgraph/bench.mjs (N=$N, concurrency $CONCURRENCY)"
+	(cd tests/bench/langgraph && npm ci --no-audit --no-fund --loglevel=error)
+	BENCH_N="$N" BENCH_CONCURRENCY="$CONCURRENCY" node tests/bench/langgraph/bench.mjs | tee "$OUT/langgraph.jsonl"
+else
+	echo
+	echo "node and npm are not installed: skipping the LangGraph baseline (the Go numbers above stand alone)."
+fi
+
+echo
+awk -v C="$CONCURRENCY" '
+# Go benchmark lines: name iterations (value unit)...
+FNR == NR && /^Benchmark/ {
+	name = $1; sub(/-[0-9]+$/, "", name)
+	m[name, "ns/op"] = $3
+	for (i = 5; i < NF; i += 2) m[name, $(i + 1)] = $i
+	next
+}
+# LangGraph JSON lines
+FNR != NR && /"mode"/ {
+	k = str($0, "mode") "/" str($0, "durability") "/" num($0, "procs")
+	lg[k, "p50"] = num($0, "p50_us"); lg[k, "tps"] = num($0, "turns_per_s")
+	if (!(str($0, "durability") in seen)) { seen[str($0, "durability")] = 1; order[++nd] = str($0, "durability") }
+	next
+}
+function num(s, key,   r) {
+	if (!match(s, "\"" key "\":[0-9.]+")) return ""
+	r = substr(s, RSTART, RLENGTH); sub(/.*:/, "", r); return r + 0
+}
+function str(s, key,   r) {
+	if (!match(s, "\"" key "\":\"[^\"]*\"")) return ""
+	r = substr(s, RSTART, RLENGTH); sub(/^[^:]*:"/, "", r); sub(/"$/, "", r); return r
+}
+function verdict(ok) { return ok ? "met" : "MISSED" }
+END {
+	B = "BenchmarkTurnBudget/"
+	js = m[B "1_floor_jetstream", "p50_us"]; pg = m[B "2_floor_postgres", "p50_us"]
+	turn = m[B "4_turn_http", "p50_us"]; ratio = m[B "4_turn_http", "turn_over_floor"]
+	if (turn == "" || js == "" || pg == "") { print "summary: BenchmarkTurnBudget results missing"; exit 1 }
+	seqtps = 1e9 / m[B "4_turn_http", "ns/op"]
+	par = B "5_turn_http_parallel" C
+	partps = m[par, "turns/s"]; parp50 = m[par, "p50_us"]
+	print "== Summary (one run; ratios first, absolute times vary between machines)"
+	print ""
+	print "DESIGN 7a budget: full turn (HTTP in -> HTTP out, model stubbed) vs the floor"
+	printf "  %-44s %10.0f us\n", "floor: JetStream round trip via imports p50", js
+	printf "  %-44s %10.0f us\n", "floor: Postgres commit p50", pg
+	printf "  %-44s %10.0f us\n", "floor = sum", js + pg
+	printf "  %-44s %10.0f us\n", "turn p50", turn
+	printf "  %-44s %10.2fx   goal <= 3x: %s\n", "turn p50 / floor", ratio, verdict(ratio <= 3)
+	printf "  %-44s %10.0f us  (%.2fx the floor)\n", "turn over NATS only (no HTTP, no edge) p50", m[B "3_turn_nats", "p50_us"], m[B "3_turn_nats", "p50_us"] / (js + pg)
+	printf "  %-44s %10.0f us\n", "brain: off TURNS to ack, from its log, p50", m[B "4_turn_http", "brain_p50_us"]
+	printf "  %-44s %10.0f us\n", "replay of a decided turn p50", m[B "6_turn_replay", "p50_us"]
+	printf "  %-44s %10.0f\n", "turns/s, 1 caller", seqtps
+	printf "  %-44s %10.0f   (p50 %.0f us)\n", "turns/s, " C " callers", partps, parp50
+	S = "BenchmarkTurnStages/turn_http"
+	if (m[S, "p50_us"] != "") {
+		print ""
+		print "Where a turn goes (BenchmarkTurnStages, p50 of each stage)"
+		printf "  %-44s %10.0f us\n", "1 HTTP + edge, until the turn is in TURNS", m[S, "1_http_edge_publish_p50_us"]
+		printf "  %-44s %10.0f us\n", "2 TURNS -> brain -> database -> reply sent", m[S, "2_stream_brain_db_p50_us"]
+		printf "  %-44s %10.0f us\n", "3 RESULTS stores, republishes live", m[S, "3_results_store_p50_us"]
+		printf "  %-44s %10.0f us\n", "4 live reply -> edge -> HTTP 200 read", m[S, "4_live_edge_http_p50_us"]
+		printf "  %-44s %10.0f us\n", "brain: database shape of a turn (4 RTs)", m["BenchmarkTurnStages/pg_turn_4rt", "p50_us"]
+		printf "  %-44s %10.0f us\n", "brain: same writes pipelined (2 RTs)", m["BenchmarkTurnStages/pg_turn_2rt", "p50_us"]
+	}
+	if (nd == 0) { print ""; print "LangGraph baseline: not run (no node/npm, or skipped)"; exit 0 }
+	for (d = 1; d <= nd; d++) {
+		dur = order[d]
+		sk = "sequential/" dur "/1"; ck = "concurrent" C "/" dur "/1"; pk = "concurrent" C "/" dur "/2"
+		print ""
+		printf "vs LangGraph.js + PostgresSaver, durability=%s%s\n", dur, dur == "async" ? " (LangGraph default)" : (dur == "exit" ? " (one checkpoint per invoke, its cheapest)" : "")
+		printf "  %-30s %12s %12s %10s\n", "", "ours", "LangGraph", "ratio"
+		printf "  %-30s %9.0f us %9.0f us %9.1fx lower\n", "p50 latency, 1 caller", turn, lg[sk, "p50"], lg[sk, "p50"] / turn
+		printf "  %-30s %12.0f %12.1f %9.1fx   goal >= 10x: %s\n", "turns/s, 1 caller", seqtps, lg[sk, "tps"], seqtps / lg[sk, "tps"], verdict(seqtps / lg[sk, "tps"] >= 10)
+		printf "  %-30s %9.0f us %9.0f us %9.1fx lower\n", "p50 latency, " C " callers", parp50, lg[ck, "p50"], lg[ck, "p50"] / parp50
+		printf "  %-30s %12.0f %12.1f %9.1fx   goal >= 10x: %s\n", "turns/s, " C " callers", partps, lg[ck, "tps"], partps / lg[ck, "tps"], verdict(partps / lg[ck, "tps"] >= 10)
+		if (lg[pk, "tps"] != "")
+			printf "  %-30s %12.0f %12.1f %9.1fx   goal >= 10x: %s\n", "turns/s, " C " callers, 2 procs", partps, lg[pk, "tps"], partps / lg[pk, "tps"], verdict(partps / lg[pk, "tps"] >= 10)
+	}
+}
+' "$OUT/go.txt" "$OUT/langgraph.jsonl" | tee "$OUT/summary.txt"
+echo
+echo "raw outputs: $OUT"
