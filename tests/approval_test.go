@@ -537,26 +537,10 @@ func TestApprovalsAreTenantScoped(t *testing.T) {
 
 	// An attacker account whose JWT imports A's API and events with A's key.
 	brainPub := s.stack.Brain.Public
-	evil, err := s.stack.Operator.SignTenantClaims("evil-events", nil, func(ac *jwt.AccountClaims) {
+	enc := s.attacker("evil-events", func(ac *jwt.AccountClaims) {
 		ac.Imports = account.ImportsFor(a.Account.Public, brainPub)
 		ac.Imports.Add(&jwt.Import{Name: "wild-events", Account: brainPub, Subject: "brain.event.*.>", LocalSubject: "wev.*.>", Type: jwt.Stream})
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.stack.NATS.PutAccount(evil.Public, evil.JWT); err != nil {
-		t.Fatal(err)
-	}
-	creds, _ := account.UserCreds(evil, "attacker", account.RoleUnrestricted)
-	path := t.TempDir() + "/evil.creds"
-	if err := writeFile(path, creds); err != nil {
-		t.Fatal(err)
-	}
-	enc, err := nats.Connect(s.stack.NATS.ClientURL(), nats.UserCredentials(path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer enc.Close()
 	if _, err := enc.Request("api.approval.list", []byte(`{}`), 2*time.Second); !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("forged API import: %v, want no responders", err)
 	}

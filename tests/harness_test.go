@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -26,6 +27,7 @@ import (
 	"n8nbrain/deploy/devstack"
 	"n8nbrain/edge"
 	"n8nbrain/internal/testdb"
+	"n8nbrain/nats/account"
 	"n8nbrain/nats/stream"
 	"n8nbrain/provision"
 	"n8nbrain/registry"
@@ -379,3 +381,31 @@ func metric(t *testing.T, url, name string) int {
 }
 
 func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o600) }
+
+// attacker connects as a user of an account the attacker controls: signed by
+// the operator, as onboarding would sign it, with whatever imports edit
+// writes (forged ones included), and no permission limits.
+func (s *system) attacker(name string, edit func(*jwt.AccountClaims)) *nats.Conn {
+	s.t.Helper()
+	acc, err := s.stack.Operator.SignTenantClaims(name, nil, edit)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := s.stack.NATS.PutAccount(acc.Public, acc.JWT); err != nil {
+		s.t.Fatal(err)
+	}
+	creds, err := account.UserCreds(acc, "attacker", account.RoleUnrestricted)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	path := s.t.TempDir() + "/" + name + ".creds"
+	if err := writeFile(path, creds); err != nil {
+		s.t.Fatal(err)
+	}
+	nc, err := nats.Connect(s.stack.NATS.ClientURL(), nats.UserCredentials(path))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(nc.Close)
+	return nc
+}

@@ -118,33 +118,15 @@ func TestForgedImportsReachNothing(t *testing.T) {
 	// onboarding would) and writes imports naming tenant A's key, and
 	// wildcards, in the account token position.
 	brainPub := s.stack.Brain.Public
-	evil, err := s.stack.Operator.SignTenantClaims("evil", nil, func(ac *jwt.AccountClaims) {
+	enc := s.attacker("evil", func(ac *jwt.AccountClaims) {
 		ac.Imports = account.ImportsFor(a.Account.Public, brainPub) // A's key, A's local names
 		ac.Imports.Add(
 			&jwt.Import{Name: "wild-turns", Account: brainPub, Subject: "brain.turn.*.>", LocalSubject: "wturn.*.>", Type: jwt.Service},
 			&jwt.Import{Name: "wild-replies", Account: brainPub, Subject: "brain.reply.*.>", LocalSubject: "wreply.*.>", Type: jwt.Stream},
+			&jwt.Import{Name: "wild-live", Account: brainPub, Subject: "brain.live.*.>", LocalSubject: "wlive.*.>", Type: jwt.Stream},
 			&jwt.Import{Name: "wild-results", Account: brainPub, Subject: "$JS.API.DIRECT.GET.RESULTS.brain.reply.*.>", LocalSubject: "wresult.*.>", Type: jwt.Service},
 		)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.stack.NATS.PutAccount(evil.Public, evil.JWT); err != nil {
-		t.Fatal(err)
-	}
-	creds, err := account.UserCreds(evil, "attacker", account.RoleUnrestricted)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := t.TempDir() + "/evil.creds"
-	if err := writeFile(path, creds); err != nil {
-		t.Fatal(err)
-	}
-	enc, err := nats.Connect(s.stack.NATS.ClientURL(), nats.UserCredentials(path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer enc.Close()
 	// Everything the attacker's account can receive while A's turn is
 	// decided and answered: nothing may arrive.
 	var seen []string
