@@ -41,3 +41,8 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTurnSubmitRequest -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run '^$$' -fuzz FuzzTurnSubmitDecode -fuzztime $(FUZZTIME) ./edge/
+
+## compose-config: validate compose.yaml (needs the docker compose plugin, not a running daemon)
+.PHONY: compose-config
+compose-config:
+	docker compose config -q

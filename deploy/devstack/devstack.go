@@ -3,19 +3,19 @@
 // cluster reached through provisioning, and the real brain and edge. The
 // development stack (deploy/cmd/devstack) and the whole-system tests both
 // build on it, so what the tests prove is what a developer runs.
+//
+// Init is the Docker Compose stack's init step: the same identities
+// (Identities), written as a nats-server configuration and .creds files for
+// containers instead of an embedded server.
 package devstack
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
-	"sync"
 
 	"n8nbrain/brain"
 	"n8nbrain/edge"
@@ -50,21 +50,8 @@ type Stack struct {
 	Ops         *provision.Ops
 	RegistryURL string
 	SealingKey  []byte
-
-	mu   sync.Mutex
-	keys *keyFile
-}
-
-// keyFile holds the stack's secrets: development only, mode 0600.
-type keyFile struct {
-	Operator         string            `json:"operator"`
-	System           string            `json:"system"`
-	Brain            string            `json:"brain"`
-	Tenants          map[string]string `json:"tenants"`
-	EdgeTokens       map[string]string `json:"edge_tokens"`
-	SealingKey       string            `json:"sealing_key"`
-	ReviewerPassword string            `json:"reviewer_password"`
-	RegistryPassword string            `json:"registry_reader_password"`
+	// IDs are the stack's NATS identities and secrets, kept in Dir.
+	IDs *Identities
 }
 
 // Start loads or creates the stack's identities, starts NATS with every
@@ -73,17 +60,16 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.Dir, "creds"), 0o700); err != nil {
+	ids, err := LoadIdentities(cfg.Dir)
+	if err != nil {
 		return nil, err
 	}
-	s := &Stack{cfg: cfg, log: cfg.Logger}
-	if err := s.loadKeys(); err != nil {
-		return nil, err
-	}
+	s := &Stack{cfg: cfg, log: cfg.Logger, IDs: ids, Operator: ids.Operator, Brain: ids.Brain}
 	if err := s.startNATS(); err != nil {
 		return nil, err
 	}
-	key, err := registry.ParseKey(s.keys.SealingKey)
+	sec := ids.secrets()
+	key, err := registry.ParseKey(sec.SealingKey)
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -95,7 +81,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	}
 	s.SealingKey = key
 	s.Ops = &provision.Ops{AdminURL: cfg.AdminURL, Sealer: sealer, Prefix: cfg.Prefix}
-	s.RegistryURL, err = s.Ops.BootstrapRegistry(ctx, s.keys.RegistryPassword)
+	s.RegistryURL, err = s.Ops.BootstrapRegistry(ctx, sec.RegistryPassword)
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("bootstrap registry: %w", err)
@@ -103,83 +89,8 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	return s, nil
 }
 
-func (s *Stack) keyPath() string { return filepath.Join(s.cfg.Dir, "keys.json") }
-
-func (s *Stack) loadKeys() error {
-	k := &keyFile{}
-	b, err := os.ReadFile(s.keyPath())
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-	case err != nil:
-		return err
-	default:
-		if err := json.Unmarshal(b, k); err != nil {
-			return fmt.Errorf("read %s: %w", s.keyPath(), err)
-		}
-	}
-	if k.Tenants == nil {
-		k.Tenants = map[string]string{}
-	}
-	if k.EdgeTokens == nil {
-		k.EdgeTokens = map[string]string{}
-	}
-	if k.SealingKey == "" {
-		k.SealingKey = registry.NewKey()
-	}
-	if k.RegistryPassword == "" {
-		k.RegistryPassword = randomToken()
-	}
-	if k.ReviewerPassword == "" {
-		k.ReviewerPassword = randomToken()[:16]
-	}
-	s.keys = k
-	return nil
-}
-
-func (s *Stack) saveKeysLocked() error {
-	b, err := json.MarshalIndent(s.keys, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(s.keyPath(), b, 0o600)
-}
-
 func (s *Stack) startNATS() error {
-	sysKP, sysPub, err := account.NewAccountKey([]byte(s.keys.System))
-	if err != nil {
-		return err
-	}
-	op, err := account.NewOperator("brain-dev", []byte(s.keys.Operator), sysPub)
-	if err != nil {
-		return err
-	}
-	sys, err := op.SystemAccount(sysKP)
-	if err != nil {
-		return err
-	}
-	br, err := op.BrainAccount([]byte(s.keys.Brain))
-	if err != nil {
-		return err
-	}
-	accounts := map[string]string{sys.Public: sys.JWT, br.Public: br.JWT}
-	for name, seed := range s.keys.Tenants {
-		ta, err := op.TenantAccount(name, []byte(seed), br.Public)
-		if err != nil {
-			return fmt.Errorf("tenant account %s: %w", name, err)
-		}
-		accounts[ta.Public] = ta.JWT
-	}
-	s.mu.Lock()
-	for dst, seeder := range map[*string]interface{ Seed() ([]byte, error) }{&s.keys.Operator: op, &s.keys.System: sys, &s.keys.Brain: br} {
-		seed, err := seeder.Seed()
-		if err != nil {
-			s.mu.Unlock()
-			return err
-		}
-		*dst = string(seed)
-	}
-	err = s.saveKeysLocked()
-	s.mu.Unlock()
+	accounts, err := s.IDs.Accounts()
 	if err != nil {
 		return err
 	}
@@ -187,8 +98,8 @@ func (s *Stack) startNATS() error {
 		Host:          s.cfg.NATSHost,
 		Port:          s.cfg.NATSPort,
 		StoreDir:      filepath.Join(s.cfg.Dir, "jetstream"),
-		OperatorJWT:   op.JWT,
-		SystemAccount: sys.Public,
+		OperatorJWT:   s.Operator.JWT,
+		SystemAccount: s.IDs.System.Public,
 		Accounts:      accounts,
 		SyncAlways:    s.cfg.SyncAlways,
 		Logger:        s.log,
@@ -196,13 +107,9 @@ func (s *Stack) startNATS() error {
 	if err != nil {
 		return err
 	}
-	s.NATS, s.Operator, s.Brain = srv, op, br
-	creds, err := account.UserCreds(br, "brain", account.RoleBrain)
-	if err != nil {
-		return err
-	}
-	s.BrainCreds = filepath.Join(s.cfg.Dir, "creds", "brain.creds")
-	return os.WriteFile(s.BrainCreds, creds, 0o600)
+	s.NATS = srv
+	s.BrainCreds, err = s.IDs.WriteBrainCreds()
+	return err
 }
 
 // Tenant is a tenant of the stack with what its edge needs.
@@ -232,16 +139,7 @@ func (s *Stack) AddTenant(ctx context.Context, spec provision.TenantSpec) (*Tena
 	if err := s.NATS.PutAccount(acc.Public, acc.JWT); err != nil {
 		return nil, err
 	}
-	seed, err := acc.Seed()
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	s.keys.Tenants[name] = string(seed)
-	s.keys.EdgeTokens[name] = randomToken()
-	err = s.saveKeysLocked()
-	s.mu.Unlock()
-	if err != nil {
+	if err := s.IDs.keepTenant(name, acc, randomToken()); err != nil {
 		return nil, err
 	}
 	t, err := s.LoadTenant(spec.ID)
@@ -255,26 +153,18 @@ func (s *Stack) AddTenant(ctx context.Context, spec provision.TenantSpec) (*Tena
 // LoadTenant returns a tenant this stack created earlier (same Dir),
 // writing a fresh edge user .creds file.
 func (s *Stack) LoadTenant(id registry.TenantID) (*Tenant, error) {
-	s.mu.Lock()
-	seed, ok := s.keys.Tenants[string(id)]
-	token := s.keys.EdgeTokens[string(id)]
-	s.mu.Unlock()
+	acc, ok, err := s.IDs.TenantAccount(string(id))
+	if err != nil {
+		return nil, err
+	}
 	if !ok {
-		return nil, fmt.Errorf("tenant %s has no NATS identity in %s", id, s.keyPath())
+		return nil, fmt.Errorf("tenant %s has no NATS identity in %s", id, s.IDs.keyPath())
 	}
-	acc, err := s.Operator.TenantAccount(string(id), []byte(seed), s.Brain.Public)
+	path, err := s.IDs.WriteEdgeCreds(acc)
 	if err != nil {
 		return nil, err
 	}
-	creds, err := account.UserCreds(acc, "edge", account.RoleEdge)
-	if err != nil {
-		return nil, err
-	}
-	path := filepath.Join(s.cfg.Dir, "creds", string(id)+"-edge.creds")
-	if err := os.WriteFile(path, creds, 0o600); err != nil {
-		return nil, err
-	}
-	return &Tenant{ID: id, Account: acc, EdgeCreds: path, Token: token}, nil
+	return &Tenant{ID: id, Account: acc, EdgeCreds: path, Token: s.IDs.secrets().EdgeTokens[string(id)]}, nil
 }
 
 // BrainConfig is a brain replica's configuration for this stack.

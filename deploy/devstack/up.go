@@ -103,7 +103,7 @@ Submit a turn as n8n would:
 
 Ctrl-C stops everything; state stays in %s.
 `, st.NATS.ClientURL(), filepath.Join(o.Dir, "stack", "creds"), "127.0.0.1:"+fmt.Sprint(pg.Port), pg.AdminURLFile(),
-		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, ln.Addr(), st.keys.ReviewerPassword, ln.Addr(), tn.Token, o.Dir)
+		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, ln.Addr(), st.IDs.secrets().ReviewerPassword, ln.Addr(), tn.Token, o.Dir)
 
 	var first error
 	select {
@@ -149,10 +149,16 @@ func PGEnv(ctx context.Context, o UpOptions, out io.Writer) error {
 // writeReviewers writes the edge's reviewers file: one development
 // reviewer, "dev", with the password kept in the stack's keys.
 func (s *Stack) writeReviewers() (string, error) {
-	hash, err := bcrypt.GenerateFromPassword([]byte(s.keys.ReviewerPassword), bcrypt.DefaultCost)
-	if err != nil {
-		return "", err
-	}
 	path := filepath.Join(s.cfg.Dir, "reviewers")
-	return path, os.WriteFile(path, []byte("# development reviewer (make dev prints the password)\ndev:"+string(hash)+"\n"), 0o600)
+	return path, writeReviewersFile(path, "dev", s.IDs.secrets().ReviewerPassword,
+		"# development reviewer (make dev prints the password)")
+}
+
+// writeReviewersFile writes an edge reviewers file with one reviewer.
+func writeReviewersFile(path, name, password, comment string) error {
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.DefaultCost)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, []byte(comment+"\n"+name+":"+string(hash)+"\n"), 0o600)
 }

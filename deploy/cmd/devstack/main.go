@@ -1,8 +1,12 @@
-// Command devstack runs the whole system on one machine without Docker.
+// Command devstack runs the whole system on one machine without Docker, and
+// prepares the state of the Docker Compose stack.
 //
 //	devstack up       Postgres (initialised in .data/pg), embedded NATS in
 //	                  operator mode, two brain replicas and client-zero's edge
 //	devstack pg-env   start only Postgres and print the test environment
+//	devstack init     compose's one-shot init step: NATS identities and
+//	                  config, registry and client-zero in Postgres, .creds and
+//	                  secrets in the state volume (see devstack.InitOptions)
 package main
 
 import (
@@ -24,23 +28,29 @@ func main() {
 		usage()
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
-	var opts devstack.UpOptions
-	fs.StringVar(&opts.Dir, "dir", ".data", "state folder (Postgres data, NATS keys and store, secrets)")
-	fs.IntVar(&opts.PGPort, "pg-port", 55432, "Postgres port on 127.0.0.1")
-	fs.IntVar(&opts.NATSPort, "nats-port", 4222, "NATS port on 127.0.0.1")
-	fs.StringVar(&opts.EdgeAddr, "edge-addr", "127.0.0.1:8480", "client-zero edge HTTP address")
-	fs.StringVar(&opts.OpsAddr, "ops-addr", "127.0.0.1:8490", "brain replica 1 ops endpoints (/metrics)")
-	fs.IntVar(&opts.Replicas, "replicas", 2, "brain replicas to run")
-	_ = fs.Parse(os.Args[2:])
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	var err error
-	switch os.Args[1] {
-	case "up":
-		err = devstack.Up(ctx, opts, os.Stdout, log)
-	case "pg-env":
-		err = devstack.PGEnv(ctx, opts, os.Stdout)
-	default:
-		usage()
+	if os.Args[1] == "init" {
+		dir := fs.String("dir", "", "state folder (default $INIT_STATE_DIR, else /state)")
+		_ = fs.Parse(os.Args[2:])
+		err = devstack.InitFromEnv(ctx, os.Getenv, *dir, os.Stdout, log)
+	} else {
+		var opts devstack.UpOptions
+		fs.StringVar(&opts.Dir, "dir", ".data", "state folder (Postgres data, NATS keys and store, secrets)")
+		fs.IntVar(&opts.PGPort, "pg-port", 55432, "Postgres port on 127.0.0.1")
+		fs.IntVar(&opts.NATSPort, "nats-port", 4222, "NATS port on 127.0.0.1")
+		fs.StringVar(&opts.EdgeAddr, "edge-addr", "127.0.0.1:8480", "client-zero edge HTTP address")
+		fs.StringVar(&opts.OpsAddr, "ops-addr", "127.0.0.1:8490", "brain replica 1 ops endpoints (/metrics)")
+		fs.IntVar(&opts.Replicas, "replicas", 2, "brain replicas to run")
+		_ = fs.Parse(os.Args[2:])
+		switch os.Args[1] {
+		case "up":
+			err = devstack.Up(ctx, opts, os.Stdout, log)
+		case "pg-env":
+			err = devstack.PGEnv(ctx, opts, os.Stdout)
+		default:
+			usage()
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devstack:", err)
@@ -49,6 +59,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: devstack up|pg-env [-dir .data] [-pg-port 55432] [-nats-port 4222] [-edge-addr 127.0.0.1:8480]")
+	fmt.Fprintln(os.Stderr, "usage: devstack up|pg-env [-dir .data] [-pg-port 55432] [-nats-port 4222] [-edge-addr 127.0.0.1:8480]\n"+
+		"       devstack init [-dir /state]   (configured by INIT_*, BRAIN_*, EDGE_*, REVIEWER_* variables)")
 	os.Exit(2)
 }

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Creates (or brings up to date) the BRAIN account of an nsc operator: the
+# production counterpart of nats/account's BrainAccount and RoleBrain.
+#
+#   * JetStream enabled (TURNS and RESULTS live in BRAIN);
+#   * the exports tenants import, each public with its account token
+#     position, so the server only installs an import whose token is the
+#     importing account's own key (DESIGN §3);
+#   * the `brain` user: may run JetStream, publish replies and events and
+#     answer tenant API requests (one response each), and may never publish
+#     a turn or a live reply itself;
+#   * `nsc push` of the account, and the brain user's .creds file.
+#
+# Run it once per operator, then deploy/nsc-onboard-tenant.sh per tenant with
+# the BRAIN public key this prints. Re-running it is safe: what exists is kept.
+#
+# The subjects and permissions below must match subjects.BrainExports and
+# account.Permissions(account.RoleBrain); deploy/scripts_test.go fails the
+# suite when they drift apart.
+set -euo pipefail
+
+# Exports of BRAIN: name|kind|account token position|subject (subjects.BrainExports).
+# shellcheck disable=SC2016 # a NATS subject's $ is literal
+EXPORTS=(
+  'turns|service|3|brain.turn.*.>'
+  'replies|stream|3|brain.live.*.>'
+  'results|service|8|$JS.API.DIRECT.GET.RESULTS.brain.reply.*.>'
+  'api|service|3|brain.api.*.>'
+  'events|stream|3|brain.event.*.>'
+)
+# The brain user (account.Permissions(account.RoleBrain)).
+# shellcheck disable=SC2016 # a NATS subject's $ is literal
+BRAIN_ALLOW_PUB=('$JS.API.>' '$JS.ACK.>' 'brain.reply.>' 'brain.event.>' '_INBOX.>')
+BRAIN_DENY_PUB=('brain.turn.>' 'brain.live.*.>')
+BRAIN_ALLOW_SUB=('_INBOX.>' 'brain.api.*.>')
+BRAIN_MAX_RESPONSES=1
+BRAIN_USER=brain
+
+usage() {
+	cat >&2 <<'EOF'
+usage: deploy/nsc-brain-account.sh [options] OPERATOR
+
+Creates the BRAIN account in nsc operator OPERATOR with JetStream, its
+exports and the brain user, pushes it, and writes the brain user's .creds.
+
+options:
+  --account NAME    account name (default BRAIN)
+  --creds FILE      where to write the brain user's .creds (default ./brain.creds)
+  --push-url URL    account server for nsc push (default: the operator's)
+  --no-push         do not push (an air-gapped store; push later with nsc push)
+  -h, --help        this help
+EOF
+	exit 2
+}
+
+die() {
+	echo "nsc-brain-account: $*" >&2
+	exit 1
+}
+
+ACCOUNT=BRAIN
+CREDS=./brain.creds
+PUSH_URL=
+PUSH=1
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--account) [ $# -ge 2 ] || usage; ACCOUNT=$2; shift 2 ;;
+	--creds) [ $# -ge 2 ] || usage; CREDS=$2; shift 2 ;;
+	--push-url) [ $# -ge 2 ] || usage; PUSH_URL=$2; shift 2 ;;
+	--no-push) PUSH=0; shift ;;
+	-h | --help) usage ;;
+	--) shift; break ;;
+	-*) echo "nsc-brain-account: unknown option $1" >&2; usage ;;
+	*) break ;;
+	esac
+done
+[ $# -eq 1 ] || usage
+OPERATOR=$1
+[ -n "$OPERATOR" ] || usage
+[[ $ACCOUNT =~ ^[A-Za-z0-9_-]{1,64}$ ]] || die "account name '$ACCOUNT' must be letters, digits, _ or -"
+command -v nsc >/dev/null 2>&1 || die "nsc is not on PATH (https://github.com/nats-io/nsc)"
+
+# The account's claims as JSON, with the escapes Go's encoder writes for
+# <, > and & undone, so subjects can be searched for as they are written.
+account_json() {
+	nsc describe account --name "$1" --json 2>/dev/null | sed 's/\\u003e/>/g; s/\\u003c/</g; s/\\u0026/\&/g'
+}
+has_subject() {
+	account_json "$1" | grep -qF "\"$2\""
+}
+account_key() {
+	nsc describe account --name "$1" --field sub | tr -d '"'
+}
+
+nsc env --operator "$OPERATOR" >/dev/null 2>&1 || die "no nsc operator '$OPERATOR' (nsc list operators)"
+
+if nsc describe account --name "$ACCOUNT" >/dev/null 2>&1; then
+	echo "account $ACCOUNT exists; bringing it up to date"
+else
+	nsc add account --name "$ACCOUNT"
+fi
+
+# JetStream, unlimited within the server's own limits (as account.BrainAccount).
+nsc edit account --name "$ACCOUNT" \
+	--js-mem-storage=-1 --js-disk-storage=-1 --js-streams=-1 --js-consumer=-1
+
+for e in "${EXPORTS[@]}"; do
+	IFS='|' read -r name kind position subject <<<"$e"
+	if has_subject "$ACCOUNT" "$subject"; then
+		echo "export $name ($subject) exists"
+		continue
+	fi
+	service=()
+	if [ "$kind" = service ]; then
+		service=(--service)
+	fi
+	nsc add export --account "$ACCOUNT" --name "$name" --subject "$subject" \
+		--account-token-position "$position" ${service[@]+"${service[@]}"}
+done
+
+perms=()
+for s in "${BRAIN_ALLOW_PUB[@]}"; do perms+=(--allow-pub "$s"); done
+for s in "${BRAIN_DENY_PUB[@]}"; do perms+=(--deny-pub "$s"); done
+for s in "${BRAIN_ALLOW_SUB[@]}"; do perms+=(--allow-sub "$s"); done
+perms+=("--allow-pub-response=$BRAIN_MAX_RESPONSES")
+if nsc describe user --account "$ACCOUNT" --name "$BRAIN_USER" >/dev/null 2>&1; then
+	nsc edit user --account "$ACCOUNT" --name "$BRAIN_USER" "${perms[@]}"
+else
+	nsc add user --account "$ACCOUNT" --name "$BRAIN_USER" "${perms[@]}"
+fi
+
+if [ "$PUSH" = 1 ]; then
+	push=(nsc push --account "$ACCOUNT")
+	if [ -n "$PUSH_URL" ]; then
+		push+=(--account-jwt-server-url "$PUSH_URL")
+	fi
+	"${push[@]}"
+else
+	echo "not pushed (--no-push): run 'nsc push --account $ACCOUNT' before the brain connects"
+fi
+
+(umask 077 && nsc generate creds --account "$ACCOUNT" --name "$BRAIN_USER" --output-file "$CREDS")
+
+cat <<EOF
+
+BRAIN account ready: $(account_key "$ACCOUNT")
+  brain user .creds: $CREDS (BRAIN_NATS_CREDS of every brain replica; keep it secret)
+Onboard each tenant with:
+  deploy/nsc-onboard-tenant.sh TENANT $OPERATOR $(account_key "$ACCOUNT")
+EOF

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Onboards a tenant in an nsc operator: the production counterpart of
+# nats/account's TenantAccount and RoleEdge.
+#
+#   * the tenant's account, importing the BRAIN account's exports with the
+#     tenant's own account key in the account token position: the server
+#     installs no import that names another tenant's key (DESIGN §3);
+#   * the `edge` user: publish turns, request results and API calls,
+#     subscribe to replies, events and its inboxes; nothing else;
+#   * `nsc push` of the account, and the edge user's .creds file.
+#
+# The tenant's identity is its account: the brain reads the account key the
+# server writes into each subject. Register the printed account key with the
+# tenant (provision.TenantSpec.NATSAccount), and give the .creds file to the
+# tenant's edge (EDGE_NATS_CREDS). Re-running it is safe: what exists is kept.
+#
+# The subjects and permissions below must match subjects.TenantImports and
+# account.Permissions(account.RoleEdge); deploy/scripts_test.go fails the
+# suite when they drift apart.
+set -euo pipefail
+
+# Imports: name|kind|BRAIN subject ({ACC} is the tenant's own key)|local subject
+# (subjects.TenantImports).
+# shellcheck disable=SC2016 # a NATS subject's $ is literal
+IMPORTS=(
+  'turns|service|brain.turn.{ACC}.>|turn.>'
+  'replies|stream|brain.live.{ACC}.>|reply.>'
+  'results|service|$JS.API.DIRECT.GET.RESULTS.brain.reply.{ACC}.>|result.>'
+  'api|service|brain.api.{ACC}.>|api.>'
+  'events|stream|brain.event.{ACC}.>|event.>'
+)
+# The edge user (account.Permissions(account.RoleEdge)).
+EDGE_ALLOW_PUB=('turn.>' 'result.>' 'api.>')
+EDGE_ALLOW_SUB=('reply.>' 'event.>' '_INBOX.>')
+EDGE_USER=edge
+# Connections of the tenant account (account.TenantAccount).
+TENANT_MAX_CONNS=32
+
+usage() {
+	cat >&2 <<'EOF'
+usage: deploy/nsc-onboard-tenant.sh [options] TENANT OPERATOR BRAIN_ACCOUNT_KEY
+
+Creates account TENANT in nsc operator OPERATOR, importing the BRAIN account
+(public key BRAIN_ACCOUNT_KEY, printed by deploy/nsc-brain-account.sh),
+with an edge user; pushes it and writes the edge user's .creds.
+
+TENANT is the tenant id: lowercase letters, digits and -, as in the registry.
+
+options:
+  --creds FILE      where to write the edge user's .creds (default ./TENANT-edge.creds)
+  --push-url URL    account server for nsc push (default: the operator's)
+  --no-push         do not push (push later with nsc push)
+  -h, --help        this help
+EOF
+	exit 2
+}
+
+die() {
+	echo "nsc-onboard-tenant: $*" >&2
+	exit 1
+}
+
+CREDS=
+PUSH_URL=
+PUSH=1
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--creds) [ $# -ge 2 ] || usage; CREDS=$2; shift 2 ;;
+	--push-url) [ $# -ge 2 ] || usage; PUSH_URL=$2; shift 2 ;;
+	--no-push) PUSH=0; shift ;;
+	-h | --help) usage ;;
+	--) shift; break ;;
+	-*) echo "nsc-onboard-tenant: unknown option $1" >&2; usage ;;
+	*) break ;;
+	esac
+done
+[ $# -eq 3 ] || usage
+TENANT=$1
+OPERATOR=$2
+BRAIN=$3
+[[ $TENANT =~ ^[a-z0-9][a-z0-9-]{0,47}$ ]] || die "tenant '$TENANT' must match ^[a-z0-9][a-z0-9-]{0,47}\$ (the registry's tenant id)"
+[ -n "$OPERATOR" ] || usage
+[[ $BRAIN =~ ^A[A-Z2-7]{55}$ ]] || die "'$BRAIN' is not an account public key (A followed by 55 base32 characters)"
+CREDS=${CREDS:-./$TENANT-edge.creds}
+command -v nsc >/dev/null 2>&1 || die "nsc is not on PATH (https://github.com/nats-io/nsc)"
+
+# The account's claims as JSON, with the escapes Go's encoder writes for
+# <, > and & undone, so subjects can be searched for as they are written.
+account_json() {
+	nsc describe account --name "$1" --json 2>/dev/null | sed 's/\\u003e/>/g; s/\\u003c/</g; s/\\u0026/\&/g'
+}
+has_subject() {
+	account_json "$1" | grep -qF "\"$2\""
+}
+account_key() {
+	nsc describe account --name "$1" --field sub | tr -d '"'
+}
+
+nsc env --operator "$OPERATOR" >/dev/null 2>&1 || die "no nsc operator '$OPERATOR' (nsc list operators)"
+
+if nsc describe account --name "$TENANT" >/dev/null 2>&1; then
+	echo "account $TENANT exists; bringing it up to date"
+else
+	nsc add account --name "$TENANT"
+fi
+ACC=$(account_key "$TENANT")
+[[ $ACC =~ ^A[A-Z2-7]{55}$ ]] || die "could not read the public key of account $TENANT"
+[ "$ACC" != "$BRAIN" ] || die "account $TENANT is the BRAIN account"
+
+nsc edit account --name "$TENANT" --conns "$TENANT_MAX_CONNS"
+
+for i in "${IMPORTS[@]}"; do
+	IFS='|' read -r name kind remote local <<<"$i"
+	remote=${remote//\{ACC\}/$ACC}
+	if has_subject "$TENANT" "$remote"; then
+		echo "import $name ($remote) exists"
+		continue
+	fi
+	service=()
+	if [ "$kind" = service ]; then
+		service=(--service)
+	fi
+	nsc add import --account "$TENANT" --name "$name" --src-account "$BRAIN" \
+		--remote-subject "$remote" --local-subject "$local" ${service[@]+"${service[@]}"}
+done
+
+perms=()
+for s in "${EDGE_ALLOW_PUB[@]}"; do perms+=(--allow-pub "$s"); done
+for s in "${EDGE_ALLOW_SUB[@]}"; do perms+=(--allow-sub "$s"); done
+if nsc describe user --account "$TENANT" --name "$EDGE_USER" >/dev/null 2>&1; then
+	nsc edit user --account "$TENANT" --name "$EDGE_USER" "${perms[@]}"
+else
+	nsc add user --account "$TENANT" --name "$EDGE_USER" "${perms[@]}"
+fi
+
+if [ "$PUSH" = 1 ]; then
+	push=(nsc push --account "$TENANT")
+	if [ -n "$PUSH_URL" ]; then
+		push+=(--account-jwt-server-url "$PUSH_URL")
+	fi
+	"${push[@]}"
+else
+	echo "not pushed (--no-push): run 'nsc push --account $TENANT' before the edge connects"
+fi
+
+(umask 077 && nsc generate creds --account "$TENANT" --name "$EDGE_USER" --output-file "$CREDS")
+
+cat <<EOF
+
+Tenant $TENANT onboarded.
+  NATS account: $ACC
+    register it as the tenant's NATS account (provision.TenantSpec.NATSAccount)
+  edge user .creds: $CREDS
+    the tenant's edge reads it (EDGE_NATS_CREDS); hand it over securely
+EOF

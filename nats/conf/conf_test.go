@@ -1,0 +1,248 @@
+package conf_test
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"n8nbrain/nats/account"
+	"n8nbrain/nats/conf"
+	"n8nbrain/nats/stream"
+	"n8nbrain/subjects"
+)
+
+type identities struct {
+	op          *account.Operator
+	sys, brain  *account.Account
+	tenant      *account.Account
+	accounts    map[string]string
+	brainCreds  string
+	tenantCreds string
+}
+
+func newIdentities(t *testing.T) *identities {
+	t.Helper()
+	dir := t.TempDir()
+	sysKP, sysPub, err := account.NewAccountKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := account.NewOperator("conf-test", nil, sysPub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys, err := op.SystemAccount(sysKP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := op.BrainAccount(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn, err := op.TenantAccount("tenant-a", nil, br.Public)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := &identities{op: op, sys: sys, brain: br, tenant: tn,
+		accounts: map[string]string{sys.Public: sys.JWT, br.Public: br.JWT, tn.Public: tn.JWT}}
+	write := func(acc *account.Account, user string, r account.Role) string {
+		b, err := account.UserCreds(acc, user, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, user+".creds")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	id.brainCreds = write(br, "brain", account.RoleBrain)
+	id.tenantCreds = write(tn, "edge", account.RoleEdge)
+	return id
+}
+
+func (id *identities) config(storeDir string) conf.Config {
+	return conf.Config{
+		Listen:        "127.0.0.1:-1",
+		HTTP:          "127.0.0.1:-1",
+		StoreDir:      storeDir,
+		OperatorJWT:   id.op.JWT,
+		SystemAccount: id.sys.Public,
+		Accounts:      id.accounts,
+	}
+}
+
+// TestServerFromConfigFileRelaysATurn is the proof that the file compose
+// runs is real: nats-server's own parser loads it, the server starts in
+// operator mode with JetStream, the brain creates its streams, and a tenant's
+// edge user publishes a turn through its import that lands in TURNS with the
+// tenant's account key in token 3.
+func TestServerFromConfigFileRelaysATurn(t *testing.T) {
+	id := newIdentities(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nats", "nats.conf")
+	if err := conf.WriteFile(path, id.config(filepath.Join(dir, "jetstream"))); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("config file mode: %v %v", fi, err)
+	}
+
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("nats-server rejects the config: %v", err)
+	}
+	switch {
+	case !opts.JetStream || opts.StoreDir != filepath.Join(dir, "jetstream"):
+		t.Fatalf("jetstream: %v %q", opts.JetStream, opts.StoreDir)
+	case !opts.SyncAlways:
+		t.Fatal("sync_interval always was not applied")
+	case opts.MaxPayload != 1<<20:
+		t.Fatalf("max_payload %d", opts.MaxPayload)
+	case len(opts.TrustedOperators) != 1 || opts.TrustedOperators[0].Subject != id.op.Public:
+		t.Fatalf("trusted operators: %+v", opts.TrustedOperators)
+	case opts.SystemAccount != id.sys.Public:
+		t.Fatalf("system account %q", opts.SystemAccount)
+	}
+	if _, ok := opts.AccountResolver.(*server.MemAccResolver); !ok {
+		t.Fatalf("resolver is %T, want the MEMORY resolver", opts.AccountResolver)
+	}
+	opts.NoSigs = true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+
+	// The compose health check.
+	mon := srv.MonitorAddr()
+	if mon == nil {
+		t.Fatal("monitoring port is off")
+	}
+	resp, err := http.Get("http://" + mon.String() + "/healthz?js-enabled-only=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("healthz: %d", resp.StatusCode)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bnc, err := nats.Connect(srv.ClientURL(), nats.UserCredentials(id.brainCreds))
+	if err != nil {
+		t.Fatalf("brain connects: %v", err)
+	}
+	defer bnc.Close()
+	bjs, err := jetstream.New(bnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Ensure(ctx, bjs, stream.Config{}); err != nil {
+		t.Fatalf("brain creates its streams: %v", err)
+	}
+
+	tnc, err := nats.Connect(srv.ClientURL(), nats.UserCredentials(id.tenantCreds),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // the violation below is expected
+	if err != nil {
+		t.Fatalf("tenant edge connects: %v", err)
+	}
+	defer tnc.Close()
+	tjs, err := jetstream.New(tnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := subjects.TurnKey("<conf@example>", 1)
+	ack, err := tjs.Publish(ctx, subjects.TurnLocal(key), []byte(`{"work_item_id":"<conf@example>","turn":1}`),
+		jetstream.WithMsgID(key), jetstream.WithExpectLastSequencePerSubject(0))
+	if err != nil {
+		t.Fatalf("publish a turn through the import: %v", err)
+	}
+	if ack.Stream != subjects.TurnsStream {
+		t.Fatalf("turn stored in %q, want %s", ack.Stream, subjects.TurnsStream)
+	}
+	turns, err := bjs.Stream(ctx, subjects.TurnsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := turns.GetMsg(ctx, ack.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc, gotKey, err := subjects.ParseTurn(msg.Subject)
+	if err != nil {
+		t.Fatalf("stored subject %q: %v", msg.Subject, err)
+	}
+	if acc != id.tenant.Public || gotKey != key || strings.Split(msg.Subject, ".")[2] != id.tenant.Public {
+		t.Fatalf("stored subject %q: account %s key %s, want %s %s", msg.Subject, acc, gotKey, id.tenant.Public, key)
+	}
+
+	// The edge user may not publish into the brain's subjects directly.
+	if err := tnc.Publish(subjects.Turn(id.tenant.Public, key), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := tnc.FlushTimeout(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := tnc.LastError(); err == nil || !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+		t.Fatalf("edge published to brain.turn.> directly: last error %v", err)
+	}
+}
+
+func TestRenderSyncIntervalAndDefaults(t *testing.T) {
+	id := newIdentities(t)
+	dir := t.TempDir()
+	c := id.config(filepath.Join(dir, "js"))
+	c.Listen, c.HTTP = "", "" // defaults
+	c.Sync = "2m"
+	path := filepath.Join(dir, "nats.conf")
+	if err := conf.WriteFile(path, c); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.SyncAlways || opts.SyncInterval != 2*time.Minute {
+		t.Fatalf("sync: always=%v interval=%v", opts.SyncAlways, opts.SyncInterval)
+	}
+	if opts.Host != "0.0.0.0" || opts.Port != 4222 || opts.HTTPHost != "0.0.0.0" || opts.HTTPPort != 8222 {
+		t.Fatalf("listeners: %s:%d http %s:%d", opts.Host, opts.Port, opts.HTTPHost, opts.HTTPPort)
+	}
+}
+
+func TestRenderRejects(t *testing.T) {
+	id := newIdentities(t)
+	for name, edit := range map[string]func(*conf.Config){
+		"no store dir":        func(c *conf.Config) { c.StoreDir = "" },
+		"quote in store dir":  func(c *conf.Config) { c.StoreDir = `/data/"js` },
+		"bad sync":            func(c *conf.Config) { c.Sync = "sometimes" },
+		"bad listen":          func(c *conf.Config) { c.Listen = "4222" },
+		"no operator":         func(c *conf.Config) { c.OperatorJWT = "" },
+		"system account JWT":  func(c *conf.Config) { delete(c.Accounts, id.sys.Public) },
+		"JWT under wrong key": func(c *conf.Config) { c.Accounts = map[string]string{id.sys.Public: id.brain.JWT} },
+	} {
+		c := id.config("/data/jetstream")
+		c.Accounts = map[string]string{}
+		for k, v := range id.accounts {
+			c.Accounts[k] = v
+		}
+		edit(&c)
+		if _, err := conf.Render(c); err == nil {
+			t.Errorf("%s: rendered", name)
+		}
+	}
+}
