@@ -44,6 +44,9 @@ type system struct {
 	stack    *devstack.Stack
 	logs     *logSink
 	streams  stream.Config
+
+	mu  sync.Mutex
+	dbs map[string]*pgx.Conn
 }
 
 func newSystem(t testing.TB) *system {
@@ -261,10 +264,21 @@ func quoteEmail(id string) *wire.TurnSubmitRequest {
 		Body: "Hi, could you quote for a 20m2 hardwood deck? Thanks, Jo"}}
 }
 
-// tenantDB opens the tenant's database as the admin, for assertions only.
+// tenantDB is a connection to the tenant's database as the admin, for
+// assertions only; one per tenant and test, however often it is asked for.
 func (s *system) tenantDB(tn *devstack.Tenant) *pgx.Conn {
 	s.t.Helper()
-	return s.adminConn(tn.DB.DBName)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.dbs[tn.DB.DBName]; ok {
+		return c
+	}
+	if s.dbs == nil {
+		s.dbs = map[string]*pgx.Conn{}
+	}
+	c := s.adminConn(tn.DB.DBName)
+	s.dbs[tn.DB.DBName] = c
+	return c
 }
 
 func (s *system) adminConn(db string) *pgx.Conn {

@@ -40,7 +40,9 @@ const (
 // decides alone, without the model.
 const ConfidentRule = 0.8
 
-// ActionState mirrors store.ActionState without importing the store.
+// ActionState tracks a proposed action: pending (awaiting approval) → sent
+// (handed to n8n) → verifying (after an unknown outcome, a read-back was
+// proposed) → succeeded | failed. Stored on the work item.
 type ActionState string
 
 const (

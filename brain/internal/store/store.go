@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"n8nbrain/brain/internal/engine"
 	"n8nbrain/catalogue"
 	"n8nbrain/registry"
 	"n8nbrain/wire"
@@ -52,19 +53,6 @@ func translate(err error, what string) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// ActionState tracks a proposed action: pending (awaiting approval) → sent
-// (handed to n8n) → unknown → verifying → succeeded | failed.
-type ActionState string
-
-const (
-	ActionStatePending   ActionState = "pending"
-	ActionStateSent      ActionState = "sent"
-	ActionStateUnknown   ActionState = "unknown"
-	ActionStateVerifying ActionState = "verifying"
-	ActionStateSucceeded ActionState = "succeeded"
-	ActionStateFailed    ActionState = "failed"
-)
-
 // WorkItem is a work item's state.
 type WorkItem struct {
 	ID               string
@@ -81,7 +69,7 @@ type WorkItem struct {
 	Email            *wire.Email
 	LastAction       catalogue.Name
 	LastActionParams json.RawMessage
-	ActionState      ActionState
+	ActionState      engine.ActionState
 	Outcome          string
 	HumanAction      *wire.HumanAction
 	ClosedAt         *time.Time

@@ -261,7 +261,7 @@ func (p *Processor) input(ctx context.Context, q store.DBTX, t *registry.Tenant,
 		it.Email = item.Email
 		it.LastAction = item.LastAction
 		it.LastActionParams = item.LastActionParams
-		it.ActionState = engine.ActionState(item.ActionState)
+		it.ActionState = item.ActionState
 		if p.resume != nil && item.LastAction != "" {
 			ap, err := p.resume.Approval(ctx, q, req.WorkItemID)
 			if err != nil {
@@ -305,7 +305,7 @@ func nextItem(in *engine.Input, prev store.WorkItem, out engine.Outcome, req *wi
 		Email:            in.Item.Email,
 		LastAction:       prev.LastAction,
 		LastActionParams: prev.LastActionParams,
-		ActionState:      store.ActionState(out.ActionState),
+		ActionState:      out.ActionState,
 		Outcome:          out.ItemOutcome,
 		HumanAction:      out.HumanAction,
 	}
