@@ -80,17 +80,8 @@ OPERATOR=$1
 [[ $ACCOUNT =~ ^[A-Za-z0-9_-]{1,64}$ ]] || die "account name '$ACCOUNT' must be letters, digits, _ or -"
 command -v nsc >/dev/null 2>&1 || die "nsc is not on PATH (https://github.com/nats-io/nsc)"
 
-# The account's claims as JSON, with the escapes Go's encoder writes for
-# <, > and & undone, so subjects can be searched for as they are written.
-account_json() {
-	nsc describe account --name "$1" --json 2>/dev/null | sed 's/\\u003e/>/g; s/\\u003c/</g; s/\\u0026/\&/g'
-}
-has_subject() {
-	account_json "$1" | grep -qF "\"$2\""
-}
-account_key() {
-	nsc describe account --name "$1" --field sub | tr -d '"'
-}
+# shellcheck source=nsc-lib.sh
+. "$(dirname "$0")/nsc-lib.sh"
 
 nsc env --operator "$OPERATOR" >/dev/null 2>&1 || die "no nsc operator '$OPERATOR' (nsc list operators)"
 
