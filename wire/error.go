@@ -81,9 +81,3 @@ func ErrorOf(err error) *Error {
 	}
 	return &Error{Code: CodeInternal, Message: "internal error"}
 }
-
-// IsCode reports whether err carries an *Error with the given code.
-func IsCode(err error, code Code) bool {
-	var e *Error
-	return errors.As(err, &e) && e.Code == code
-}

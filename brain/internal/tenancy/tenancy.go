@@ -108,14 +108,6 @@ func (d *Directory) ByAccount(account string) (*registry.Tenant, bool) {
 	return t, ok
 }
 
-// ByID returns a tenant by id.
-func (d *Directory) ByID(id registry.TenantID) (*registry.Tenant, bool) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	t, ok := d.byID[id]
-	return t, ok
-}
-
 // Tenants returns a snapshot of every tenant.
 func (d *Directory) Tenants() []*registry.Tenant {
 	d.mu.RLock()
