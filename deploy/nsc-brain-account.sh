@@ -114,23 +114,9 @@ for s in "${BRAIN_ALLOW_PUB[@]}"; do perms+=(--allow-pub "$s"); done
 for s in "${BRAIN_DENY_PUB[@]}"; do perms+=(--deny-pub "$s"); done
 for s in "${BRAIN_ALLOW_SUB[@]}"; do perms+=(--allow-sub "$s"); done
 perms+=("--allow-pub-response=$BRAIN_MAX_RESPONSES")
-if nsc describe user --account "$ACCOUNT" --name "$BRAIN_USER" >/dev/null 2>&1; then
-	nsc edit user --account "$ACCOUNT" --name "$BRAIN_USER" "${perms[@]}"
-else
-	nsc add user --account "$ACCOUNT" --name "$BRAIN_USER" "${perms[@]}"
-fi
-
-if [ "$PUSH" = 1 ]; then
-	push=(nsc push --account "$ACCOUNT")
-	if [ -n "$PUSH_URL" ]; then
-		push+=(--account-jwt-server-url "$PUSH_URL")
-	fi
-	"${push[@]}"
-else
-	echo "not pushed (--no-push): run 'nsc push --account $ACCOUNT' before the brain connects"
-fi
-
-(umask 077 && nsc generate creds --account "$ACCOUNT" --name "$BRAIN_USER" --output-file "$CREDS")
+upsert_user "$ACCOUNT" "$BRAIN_USER" "${perms[@]}"
+push_account "$ACCOUNT" "the brain"
+write_creds "$ACCOUNT" "$BRAIN_USER" "$CREDS"
 
 cat <<EOF
 

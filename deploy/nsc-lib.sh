@@ -18,3 +18,34 @@ has_subject() {
 account_key() {
 	nsc describe account --name "$1" --field sub | tr -d '"'
 }
+
+# upsert_user ACCOUNT USER NSC_PERMISSION_ARGS... adds the user, or brings
+# an existing one's permissions up to date.
+upsert_user() {
+	local account=$1 user=$2
+	shift 2
+	if nsc describe user --account "$account" --name "$user" >/dev/null 2>&1; then
+		nsc edit user --account "$account" --name "$user" "$@"
+	else
+		nsc add user --account "$account" --name "$user" "$@"
+	fi
+}
+
+# push_account ACCOUNT WHO pushes the account to the resolver ($PUSH_URL
+# when set), or says what to run when $PUSH is not 1 (--no-push).
+push_account() {
+	if [ "$PUSH" = 1 ]; then
+		local push=(nsc push --account "$1")
+		if [ -n "$PUSH_URL" ]; then
+			push+=(--account-jwt-server-url "$PUSH_URL")
+		fi
+		"${push[@]}"
+	else
+		echo "not pushed (--no-push): run 'nsc push --account $1' before $2 connects"
+	fi
+}
+
+# write_creds ACCOUNT USER FILE writes the user's .creds file, private.
+write_creds() {
+	(umask 077 && nsc generate creds --account "$1" --name "$2" --output-file "$3")
+}

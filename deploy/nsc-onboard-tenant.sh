@@ -118,23 +118,9 @@ done
 perms=()
 for s in "${EDGE_ALLOW_PUB[@]}"; do perms+=(--allow-pub "$s"); done
 for s in "${EDGE_ALLOW_SUB[@]}"; do perms+=(--allow-sub "$s"); done
-if nsc describe user --account "$TENANT" --name "$EDGE_USER" >/dev/null 2>&1; then
-	nsc edit user --account "$TENANT" --name "$EDGE_USER" "${perms[@]}"
-else
-	nsc add user --account "$TENANT" --name "$EDGE_USER" "${perms[@]}"
-fi
-
-if [ "$PUSH" = 1 ]; then
-	push=(nsc push --account "$TENANT")
-	if [ -n "$PUSH_URL" ]; then
-		push+=(--account-jwt-server-url "$PUSH_URL")
-	fi
-	"${push[@]}"
-else
-	echo "not pushed (--no-push): run 'nsc push --account $TENANT' before the edge connects"
-fi
-
-(umask 077 && nsc generate creds --account "$TENANT" --name "$EDGE_USER" --output-file "$CREDS")
+upsert_user "$TENANT" "$EDGE_USER" "${perms[@]}"
+push_account "$TENANT" "the edge"
+write_creds "$TENANT" "$EDGE_USER" "$CREDS"
 
 cat <<EOF
 
