@@ -4,30 +4,79 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
+	"n8nbrain/brain/internal/fair"
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
 )
 
-// serveAPI answers the tenant API (brain.api.<account>.<method>, listed in
-// consume.go) in a queue group shared by every replica, with at most
-// cfg.Workers calls in flight on this replica.
-func (b *brain) serveAPI() (*nats.Subscription, error) {
-	slots := make(chan struct{}, b.cfg.Workers)
-	return b.nc.QueueSubscribe(subjects.APIQueueSubject(), subjects.APIQueue, func(m *nats.Msg) {
-		slots <- struct{}{}
-		b.inflight.Add(1)
-		go func() {
-			defer func() { <-slots; b.inflight.Done() }()
-			b.handleAPI(m)
-		}()
+// apiServer answers the tenant API (brain.api.<account>.<method>, listed in
+// consume.go). Each tenant's calls arrive on a subscription of their own
+// (queue group "brain", shared by every replica; opened and closed with the
+// tenant's turn consumer, see consumers.go), so a flood from one tenant
+// queues in its own subscription, not in front of another's calls. Calls
+// are then queued per tenant and answered by cfg.Workers workers round
+// robin between tenants, at most cfg.TenantWorkers of one tenant at once; a
+// tenant with apiMaxQueued calls already waiting is answered rate_limited.
+type apiServer struct {
+	b     *brain
+	sched *fair.Scheduler[*nats.Msg]
+	wg    sync.WaitGroup
+}
+
+func (b *brain) newAPIServer() *apiServer {
+	a := &apiServer{b: b, sched: fair.New[*nats.Msg](b.cfg.TenantWorkers)}
+	for range b.cfg.Workers {
+		a.wg.Go(func() {
+			for {
+				acc, m, ok := a.sched.Next()
+				if !ok {
+					return
+				}
+				b.handleAPI(m)
+				a.sched.Done(acc)
+			}
+		})
+	}
+	return a
+}
+
+// subscribe opens the API subscription of one tenant account.
+func (a *apiServer) subscribe(account string) (*nats.Subscription, error) {
+	return a.b.nc.QueueSubscribe(subjects.APISubject(account), subjects.APIQueue, func(m *nats.Msg) {
+		if !a.sched.TryPush(account, m, apiMaxQueued) {
+			a.b.respondAPIError(m, &wire.Error{Code: wire.CodeRateLimited, RetryAfter: 1,
+				Message: "this tenant has too many API calls waiting at the brain; retry in a moment"})
+		}
 	})
+}
+
+// stop ends the workers once the subscriptions are closed. Calls still
+// queued get no answer: their requesters time out and ask again, and
+// another replica answers.
+func (a *apiServer) stop() {
+	a.sched.Close()
+	a.wg.Wait()
+}
+
+// apiMaxQueued bounds one tenant's API calls waiting on a replica.
+const apiMaxQueued = 256
+
+// respondAPIError answers an API request with an error.
+func (b *brain) respondAPIError(m *nats.Msg, e *wire.Error) {
+	out := nats.NewMsg(m.Reply)
+	out.Header.Set(wire.HeaderStatus, wire.StatusError)
+	out.Data, _ = json.Marshal(wire.ErrorReply{Error: e})
+	if err := m.RespondMsg(out); err != nil {
+		b.log.Warn("respond to API call", "error", err)
+	}
 }
 
 func (b *brain) handleAPI(m *nats.Msg) {
@@ -87,6 +136,8 @@ func (b *brain) dispatchAPI(ctx context.Context, t *registry.Tenant, method stri
 		return call(ctx, t, data, a.AckEvent)
 	case subjects.APIReport:
 		return call(ctx, t, data, a.Report)
+	case subjects.APITenantLimits:
+		return call(ctx, t, data, tenantLimits)
 	}
 	return nil, &wire.Error{Code: wire.CodeNotFound, Message: "unknown API method " + method}
 }
@@ -97,4 +148,12 @@ func call[Req, Rep any](ctx context.Context, t *registry.Tenant, data []byte, fn
 		return nil, err
 	}
 	return fn(ctx, t, &req)
+}
+
+// tenantLimits serves api.tenant.limits: the tenant's quota, from its
+// registry row (what provisioning created its streams with).
+func tenantLimits(_ context.Context, t *registry.Tenant, _ *wire.TenantLimitsRequest) (*wire.TenantLimitsReply, error) {
+	q := t.Quota.WithDefaults()
+	return &wire.TenantLimitsReply{MaxTurns: q.Turns, MaxBytes: q.Bytes, WindowSeconds: int64(q.Window / time.Second),
+		MaxInflight: q.MaxInflight, MaxTurnBytes: wire.MaxTurnBytes}, nil
 }

@@ -21,12 +21,13 @@ import (
 	"n8nbrain/brain/internal/approval"
 	"n8nbrain/brain/internal/capture"
 	"n8nbrain/brain/internal/engine"
+	"n8nbrain/brain/internal/fair"
 	"n8nbrain/brain/internal/model"
 	"n8nbrain/brain/internal/outbox"
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/brain/internal/turn"
-	"n8nbrain/nats/stream"
 	"n8nbrain/registry"
+	"n8nbrain/subjects"
 )
 
 // Run runs one brain replica until ctx is done. A replica asked to stop
@@ -73,13 +74,10 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("connect nats: %w", err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	cons, err := stream.Ensure(setupCtx, js, cfg.Streams)
-	cancel()
+	// The turn streams live in the STREAMS account; this client reaches
+	// their consumers, acks and reply storage through the BRAIN account's
+	// imports, and can administer nothing.
+	js, err := jetstream.NewWithAPIPrefix(nc, subjects.StreamsAPIPrefix)
 	if err != nil {
 		return err
 	}
@@ -96,7 +94,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	fwd := outbox.New(outbox.Config{Interval: cfg.EventInterval, RetryBase: cfg.EventRetryBase, RetryMax: cfg.EventRetryMax}, dir, nc, log)
 	approvals := approval.New(dir, fwd.Kick, log)
 	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks(cfg.Hooks), log)
-	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc, approvals: approvals, model: mc, stage: stage}
+	sched := fair.New[queued](cfg.TenantWorkers)
+	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc, approvals: approvals, model: mc, stage: stage,
+		sched: sched, consumers: newConsumers(js, sched, log)}
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -105,19 +105,27 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	wg.Go(func() { fwd.Run(runCtx) })
 	wg.Go(func() { b.sweep(runCtx) })
 
-	api, err := b.serveAPI()
-	if err != nil {
-		return fmt.Errorf("serve tenant API: %w", err)
-	}
-	cc, err := b.consumeTurns(ctx, cons)
-	if err != nil {
-		return err
-	}
+	api := b.newAPIServer()
+	b.consumers.api = api
+	defer api.stop()
+	waitWorkers := b.turnWorkers(ctx)
+	// The consumers are stopped on their own context, before the workers'
+	// queue is handed back at shutdown.
+	consumeCtx, stopConsuming := context.WithCancel(runCtx)
+	consumersDone := make(chan struct{})
+	b.consumers.reconcile(ctx, dir.Tenants())
+	go func() { defer close(consumersDone); b.consumers.run(consumeCtx, dir.Tenants) }()
+	wg.Go(func() { b.heartbeatQueued(runCtx) })
 	var ops *http.Server
 	if ln := cfg.OpsListener; ln != nil || cfg.OpsAddr != "" {
 		if ln == nil {
 			if ln, err = net.Listen("tcp", cfg.OpsAddr); err != nil {
-				cc.Stop()
+				stopConsuming()
+				<-consumersDone
+				for _, q := range b.sched.Close() {
+					_ = q.m.Nak()
+				}
+				waitWorkers()
 				return fmt.Errorf("listen on BRAIN_OPS_ADDR: %w", err)
 			}
 		}
@@ -129,12 +137,18 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		})
 		log.Info("ops endpoints listening", "addr", ln.Addr().String())
 	}
-	log.Info("brain replica ready", "workers", cfg.Workers, "tenants", len(dir.Tenants()))
+	log.Info("brain replica ready", "workers", cfg.Workers, "tenant_workers", cfg.TenantWorkers,
+		"tenants", len(dir.Tenants()), "consuming", b.consumers.count())
 
 	<-ctx.Done()
-	cc.Stop()
-	_ = api.Drain()
-	b.waitInflight(cfg.ShutdownGrace)
+	// No new turns; turns queued here go back to JetStream at once (another
+	// replica takes them); turns being decided finish, within the grace.
+	stopConsuming()
+	<-consumersDone
+	for _, q := range b.sched.Close() {
+		_ = q.m.Nak()
+	}
+	b.waitInflight(cfg.ShutdownGrace, waitWorkers)
 	if ops != nil {
 		_ = ops.Close()
 	}
@@ -156,8 +170,9 @@ type brain struct {
 	// model and stage are nil when the brain runs rules only.
 	model *model.Client
 	stage *capture.Stage
-
-	inflight sync.WaitGroup
+	// sched shares the workers fairly between tenants; consumers feed it.
+	sched     *fair.Scheduler[queued]
+	consumers *consumers
 }
 
 // modelStage builds the model client and stage, or nothing (rules only)
@@ -221,11 +236,11 @@ func (b *brain) sweep(ctx context.Context) {
 	}
 }
 
-// waitInflight waits for turns in flight, at most grace; the rest are
+// waitInflight waits for turns in flight, at most grace; the turns left are
 // redelivered by JetStream to another replica.
-func (b *brain) waitInflight(grace time.Duration) {
+func (b *brain) waitInflight(grace time.Duration, waitWorkers func()) {
 	done := make(chan struct{})
-	go func() { b.inflight.Wait(); close(done) }()
+	go func() { waitWorkers(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(grace):

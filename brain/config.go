@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"n8nbrain/brain/internal/model"
-	"n8nbrain/nats/stream"
 	"n8nbrain/registry"
 )
 
@@ -35,8 +34,11 @@ type Config struct {
 	MaxDeliveries int
 	// ShutdownGrace is how long turns in flight may finish at shutdown. Default 10s.
 	ShutdownGrace time.Duration
-	// Streams sizes TURNS and RESULTS (BRAIN_STREAM_MAX_AGE, BRAIN_ACK_WAIT).
-	Streams stream.Config
+	// TenantWorkers is the most workers one tenant may hold on this
+	// replica, however many turns it has waiting: the rest stay free for
+	// the other tenants. BRAIN_TENANT_WORKERS, default a quarter of Workers
+	// (at least 1).
+	TenantWorkers int
 	// DBConnsPerTenant and DBMaxConns bound tenant database connections.
 	// BRAIN_DB_CONNS_PER_TENANT (default 4), BRAIN_DB_MAX_CONNS (default 64).
 	DBConnsPerTenant int32
@@ -117,6 +119,9 @@ func (c Config) withDefaults() Config {
 	if c.Workers == 0 {
 		c.Workers = 16
 	}
+	if c.TenantWorkers == 0 {
+		c.TenantWorkers = max(1, c.Workers/4)
+	}
 	if c.TurnTimeout == 0 {
 		c.TurnTimeout = 2 * time.Minute
 	}
@@ -154,6 +159,9 @@ func (c Config) validate() error {
 	}
 	if c.Workers < 1 || c.Workers > 1024 {
 		errs = append(errs, fmt.Errorf("BRAIN_WORKERS must be between 1 and 1024, got %d", c.Workers))
+	}
+	if c.TenantWorkers < 1 || c.TenantWorkers > c.Workers {
+		errs = append(errs, fmt.Errorf("BRAIN_TENANT_WORKERS must be between 1 and BRAIN_WORKERS (%d), got %d", c.Workers, c.TenantWorkers))
 	}
 	if c.Model.URL != "" {
 		if _, err := model.ParseURL(c.Model.URL); err != nil {
@@ -239,7 +247,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	durVar("BRAIN_EVENT_INTERVAL", &c.EventInterval)
 	durVar("BRAIN_EVENT_RETRY_BASE", &c.EventRetryBase)
 	durVar("BRAIN_EVENT_RETRY_MAX", &c.EventRetryMax)
-	durVar("BRAIN_STREAM_MAX_AGE", &c.Streams.MaxAge)
-	durVar("BRAIN_ACK_WAIT", &c.Streams.AckWait)
+	intVar("BRAIN_TENANT_WORKERS", &c.TenantWorkers)
+	for _, moved := range []string{"BRAIN_STREAM_MAX_AGE", "BRAIN_ACK_WAIT"} {
+		if getenv(moved) != "" {
+			errs = append(errs, fmt.Errorf("%s is no longer a brain setting: each tenant's streams and consumer are "+
+				"created by provisioning (turn window and quota per tenant in the registry, ack wait in the provisioning "+
+				"configuration); unset it", moved))
+		}
+	}
 	return c, errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,46 +20,72 @@ import (
 
 // Every subject the brain answers, in one place:
 //
-//	brain.turn.<account>.<key>    TURNS stream, shared durable pull consumer "brain"  → handleTurn
+//	brain.turn.<account>.<key>    TURNS_<account> in the STREAMS account, its durable pull
+//	                              consumer "brain" (one per tenant, shared by every
+//	                              replica), pulled through the turn-next import    → fair scheduler → handleTurn
 //	brain.api.<account>.<method>  core request-reply, queue group "brain" (api.go)     → handleAPI
-//	                              approval.list, approval.get, approval.decide, event.ack, report.outcomes
+//	                              approval.list, approval.get, approval.decide, event.ack,
+//	                              report.outcomes, tenant.limits
 //
 // and every subject it publishes:
 //
-//	brain.reply.<account>.<key>   stored in RESULTS; the stream republishes it to
-//	                              brain.live.<account>.<key>, exported to the tenant's reply.<key>
+//	brain.reply.<account>.<key>   through the reply-store import into RESULTS_<account>; the
+//	                              stream republishes it to brain.live.<account>.<key>,
+//	                              exported to the tenant's reply.<key>
 //	brain.event.<account>.<id>    outbox events, exported to the tenant's event.<id> (internal/outbox)
+//	$JS.ACK.TURNS_<account>.brain.…  acknowledgements and progress, through the turn-ack import
 //
 // <account> is written by the NATS server (account token position 3): it is
 // the only source of the tenant's identity.
 
-// consumeTurns starts consuming TURNS with at most cfg.Workers turns in
-// flight on this replica.
-func (b *brain) consumeTurns(ctx context.Context, cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
-	slots := make(chan struct{}, b.cfg.Workers)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		slots <- struct{}{} // back-pressure: stop pulling while every worker is busy
-		b.inflight.Add(1)
-		go func() {
-			defer func() { <-slots; b.inflight.Done() }()
-			// A turn finishes even when shutdown starts (bounded by the grace).
-			b.handleTurn(context.WithoutCancel(ctx), m)
-		}()
-	},
-		jetstream.PullMaxMessages(b.cfg.Workers),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-				b.log.Warn("turn consumer", "error", err)
-			}
-		}),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("consume %s: %w", subjects.TurnsStream, err)
-	}
-	return cc, nil
+// queued is a turn waiting in the fair scheduler, or being decided.
+type queued struct {
+	m       jetstream.Msg
+	account string
+	ackWait time.Duration
 }
 
-func (b *brain) handleTurn(ctx context.Context, m jetstream.Msg) {
+// turnWorkers decides turns from every tenant's consumer with cfg.Workers
+// workers, round robin between tenants, at most cfg.TenantWorkers of them on
+// one tenant. It returns once the workers run; stop ends them.
+func (b *brain) turnWorkers(ctx context.Context) (stop func()) {
+	var wg sync.WaitGroup
+	for range b.cfg.Workers {
+		wg.Go(func() {
+			for {
+				acc, q, ok := b.sched.Next()
+				if !ok {
+					return
+				}
+				// A turn finishes even when shutdown starts (bounded by the grace).
+				b.handleTurn(context.WithoutCancel(ctx), q)
+				b.sched.Done(acc)
+			}
+		})
+	}
+	return wg.Wait
+}
+
+// heartbeatQueued tells JetStream, every third of the shortest ack wait,
+// that turns waiting in this replica's queue are alive, so a short ack wait
+// (fast redelivery after a dead replica) never redelivers a turn that is
+// merely queued behind others.
+func (b *brain) heartbeatQueued(ctx context.Context) {
+	t := time.NewTicker(b.consumers.minAckWait() / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		b.sched.Each(func(_ string, q queued) { _ = q.m.InProgress() })
+		t.Reset(b.consumers.minAckWait() / 3)
+	}
+}
+
+func (b *brain) handleTurn(ctx context.Context, q queued) {
+	m := q.m
 	start := time.Now()
 	md, err := m.Metadata()
 	if err != nil {
@@ -67,11 +94,14 @@ func (b *brain) handleTurn(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	account, key, err := subjects.ParseTurn(m.Subject())
+	if err == nil && account != q.account {
+		err = fmt.Errorf("subject names account %s, but the turn came from the stream of %s", account, q.account)
+	}
 	if err == nil && !nkeys.IsValidPublicAccountKey(account) {
 		err = fmt.Errorf("token 3 is not an account public key")
 	}
 	if err != nil {
-		// Only the tenant imports publish here, so this is a misconfiguration;
+		// Only the tenant's import publishes here, so this is a misconfiguration;
 		// there is no valid reply subject to answer on.
 		b.log.Error("turn on a malformed subject; terminated", "error", err, "stream_seq", md.Sequence.Stream)
 		_ = m.TermWithReason("malformed subject")
@@ -94,7 +124,7 @@ func (b *brain) handleTurn(ctx context.Context, m jetstream.Msg) {
 			Message: "the tenant is disabled"})
 	default:
 		log = log.With("tenant_id", t.ID)
-		stop := keepAlive(m, b.cfg.Streams)
+		stop := keepAlive(m, q.ackWait)
 		ans, err = b.proc.Process(ctx, t, turn.Message{Key: key, Seq: md.Sequence.Stream, Data: m.Data()})
 		stop()
 		if errors.Is(err, turn.ErrCrash) {
@@ -147,8 +177,8 @@ func (b *brain) publishReply(ctx context.Context, account, key string, seq uint6
 
 // keepAlive tells JetStream the turn is still being worked on, so a long
 // model call is not mistaken for a dead replica. It returns a stop function.
-func keepAlive(m jetstream.Msg, sc interface{ AckWaitOrDefault() time.Duration }) func() {
-	every := sc.AckWaitOrDefault() / 3
+func keepAlive(m jetstream.Msg, ackWait time.Duration) func() {
+	every := ackWait / 3
 	done := make(chan struct{})
 	go func() {
 		t := time.NewTicker(every)

@@ -2,36 +2,46 @@
 # Creates (or brings up to date) the BRAIN account of an nsc operator: the
 # production counterpart of nats/account's BrainAccount and RoleBrain.
 #
-#   * JetStream enabled (TURNS and RESULTS live in BRAIN);
-#   * the exports tenants import, each public with its account token
-#     position, so the server only installs an import whose token is the
-#     importing account's own key (DESIGN §3);
-#   * the `brain` user: may run JetStream, publish replies and events and
-#     answer tenant API requests (one response each), and may never publish
-#     a turn or a live reply itself;
+#   * no JetStream of its own: the tenants' streams live in STREAMS
+#     (deploy/nsc-streams-account.sh, run first);
+#   * the imports of STREAMS' private exports, each with an activation token
+#     this script generates from the STREAMS account in the same nsc store:
+#     pull and read the turn consumers (under the local prefix streams.api),
+#     acknowledge turns, store replies;
+#   * the exports tenants import (tenant API and events), public with their
+#     account token position, so the server only installs an import whose
+#     token is the importing account's own key (DESIGN §3);
+#   * the `brain` user: pull, acknowledge, reply, publish events and answer
+#     tenant API requests (one response each); no stream or consumer
+#     administration, and never a turn or a live reply;
 #   * `nsc push` of the account, and the brain user's .creds file.
 #
 # Run it once per operator, then deploy/nsc-onboard-tenant.sh per tenant with
-# the BRAIN public key this prints. Re-running it is safe: what exists is kept.
+# the keys this prints. Re-running it is safe: what exists is kept.
 #
-# The subjects and permissions below must match subjects.BrainExports and
-# account.Permissions(account.RoleBrain); deploy/scripts_test.go fails the
-# suite when they drift apart.
+# The subjects and permissions below must match subjects.BrainExports,
+# subjects.BrainImports and account.Permissions(account.RoleBrain);
+# deploy/scripts_test.go fails the suite when they drift apart.
 set -euo pipefail
 
 # Exports of BRAIN: name|kind|account token position|subject (subjects.BrainExports).
-# shellcheck disable=SC2016 # a NATS subject's $ is literal
 EXPORTS=(
-  'turns|service|3|brain.turn.*.>'
-  'replies|stream|3|brain.live.*.>'
-  'results|service|8|$JS.API.DIRECT.GET.RESULTS.brain.reply.*.>'
   'api|service|3|brain.api.*.>'
   'events|stream|3|brain.event.*.>'
 )
+# Imports from STREAMS, all services: name|STREAMS subject|local subject ("" keeps it)
+# (subjects.BrainImports).
+# shellcheck disable=SC2016 # a NATS subject's $ is literal
+IMPORTS=(
+  'turn-next|$JS.API.CONSUMER.MSG.NEXT.*.brain|streams.api.CONSUMER.MSG.NEXT.*.brain'
+  'turn-info|$JS.API.CONSUMER.INFO.*.brain|streams.api.CONSUMER.INFO.*.brain'
+  'turn-ack|$JS.ACK.*.brain.>|'
+  'replies|brain.reply.>|'
+)
 # The brain user (account.Permissions(account.RoleBrain)).
 # shellcheck disable=SC2016 # a NATS subject's $ is literal
-BRAIN_ALLOW_PUB=('$JS.API.>' '$JS.ACK.>' 'brain.reply.>' 'brain.event.>' '_INBOX.>')
-BRAIN_DENY_PUB=('brain.turn.>' 'brain.live.*.>')
+BRAIN_ALLOW_PUB=('streams.api.CONSUMER.MSG.NEXT.*.brain' 'streams.api.CONSUMER.INFO.*.brain' '$JS.ACK.*.brain.>' 'brain.reply.>' 'brain.event.*.>')
+BRAIN_DENY_PUB=('brain.turn.*.>' 'brain.live.*.>')
 BRAIN_ALLOW_SUB=('_INBOX.>' 'brain.api.*.>')
 BRAIN_MAX_RESPONSES=1
 BRAIN_USER=brain
@@ -40,11 +50,15 @@ usage() {
 	cat >&2 <<'EOF'
 usage: deploy/nsc-brain-account.sh [options] OPERATOR
 
-Creates the BRAIN account in nsc operator OPERATOR with JetStream, its
-exports and the brain user, pushes it, and writes the brain user's .creds.
+Creates the BRAIN account in nsc operator OPERATOR with its imports of the
+STREAMS account, its exports and the brain user, pushes it, and writes the
+brain user's .creds.
 
 options:
   --account NAME    account name (default BRAIN)
+  --streams NAME    the STREAMS account in the same operator (default STREAMS)
+  --user NAME       brain user name (default brain); a second name makes a
+                    second, overlapping user for a rotation
   --creds FILE      where to write the brain user's .creds (default ./brain.creds)
   --push-url URL    account server for nsc push (default: the operator's)
   --no-push         do not push (an air-gapped store; push later with nsc push)
@@ -59,12 +73,15 @@ die() {
 }
 
 ACCOUNT=BRAIN
+STREAMS=STREAMS
 CREDS=./brain.creds
 PUSH_URL=
 PUSH=1
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--account) [ $# -ge 2 ] || usage; ACCOUNT=$2; shift 2 ;;
+	--streams) [ $# -ge 2 ] || usage; STREAMS=$2; shift 2 ;;
+	--user) [ $# -ge 2 ] || usage; BRAIN_USER=$2; shift 2 ;;
 	--creds) [ $# -ge 2 ] || usage; CREDS=$2; shift 2 ;;
 	--push-url) [ $# -ge 2 ] || usage; PUSH_URL=$2; shift 2 ;;
 	--no-push) PUSH=0; shift ;;
@@ -78,6 +95,8 @@ done
 OPERATOR=$1
 [ -n "$OPERATOR" ] || usage
 [[ $ACCOUNT =~ ^[A-Za-z0-9_-]{1,64}$ ]] || die "account name '$ACCOUNT' must be letters, digits, _ or -"
+[[ $STREAMS =~ ^[A-Za-z0-9_-]{1,64}$ ]] || die "account name '$STREAMS' must be letters, digits, _ or -"
+[[ $BRAIN_USER =~ ^[A-Za-z0-9_-]{1,64}$ ]] || die "user name '$BRAIN_USER' must be letters, digits, _ or -"
 command -v nsc >/dev/null 2>&1 || die "nsc is not on PATH (https://github.com/nats-io/nsc)"
 
 # shellcheck source=nsc-lib.sh
@@ -85,15 +104,14 @@ command -v nsc >/dev/null 2>&1 || die "nsc is not on PATH (https://github.com/na
 
 nsc env --operator "$OPERATOR" >/dev/null 2>&1 || die "no nsc operator '$OPERATOR' (nsc list operators)"
 
+nsc describe account --name "$STREAMS" >/dev/null 2>&1 || die "no account '$STREAMS': run deploy/nsc-streams-account.sh first"
 if nsc describe account --name "$ACCOUNT" >/dev/null 2>&1; then
 	echo "account $ACCOUNT exists; bringing it up to date"
 else
 	nsc add account --name "$ACCOUNT"
 fi
-
-# JetStream, unlimited within the server's own limits (as account.BrainAccount).
-nsc edit account --name "$ACCOUNT" \
-	--js-mem-storage=-1 --js-disk-storage=-1 --js-streams=-1 --js-consumer=-1
+BRAIN_KEY=$(account_key "$ACCOUNT")
+STREAMS_KEY=$(account_key "$STREAMS")
 
 for e in "${EXPORTS[@]}"; do
 	IFS='|' read -r name kind position subject <<<"$e"
@@ -109,6 +127,24 @@ for e in "${EXPORTS[@]}"; do
 		--account-token-position "$position" ${service[@]+"${service[@]}"}
 done
 
+tokens=$(mktemp -d)
+trap 'rm -rf "$tokens"' EXIT
+for i in "${IMPORTS[@]}"; do
+	IFS='|' read -r name remote local <<<"$i"
+	if has_subject "$ACCOUNT" "$remote"; then
+		echo "import $name ($remote) exists"
+		continue
+	fi
+	# STREAMS authorises this one import of BRAIN's, by an activation token.
+	nsc generate activation --account "$STREAMS" --target-account "$BRAIN_KEY" \
+		--subject "$remote" --output-file "$tokens/$name.jwt"
+	local_args=()
+	if [ -n "$local" ]; then
+		local_args=(--local-subject "$local")
+	fi
+	nsc add import --account "$ACCOUNT" --name "$name" --token "$tokens/$name.jwt" ${local_args[@]+"${local_args[@]}"}
+done
+
 perms=()
 for s in "${BRAIN_ALLOW_PUB[@]}"; do perms+=(--allow-pub "$s"); done
 for s in "${BRAIN_DENY_PUB[@]}"; do perms+=(--deny-pub "$s"); done
@@ -120,8 +156,8 @@ write_creds "$ACCOUNT" "$BRAIN_USER" "$CREDS"
 
 cat <<EOF
 
-BRAIN account ready: $(account_key "$ACCOUNT")
+BRAIN account ready: $BRAIN_KEY
   brain user .creds: $CREDS (BRAIN_NATS_CREDS of every brain replica; keep it secret)
 Onboard each tenant with:
-  deploy/nsc-onboard-tenant.sh TENANT $OPERATOR $(account_key "$ACCOUNT")
+  deploy/nsc-onboard-tenant.sh TENANT $OPERATOR $BRAIN_KEY $STREAMS_KEY
 EOF

@@ -2,16 +2,18 @@
 # Onboards a tenant in an nsc operator: the production counterpart of
 # nats/account's TenantAccount and RoleEdge.
 #
-#   * the tenant's account, importing the BRAIN account's exports with the
-#     tenant's own account key in the account token position: the server
-#     installs no import that names another tenant's key (DESIGN §3);
+#   * the tenant's account, importing the STREAMS and BRAIN accounts' exports
+#     with the tenant's own account key in the account token position: the
+#     server installs no import that names another tenant's key (DESIGN §3);
+#   * the account's bounds: a payload limit (a turn, headers included: the
+#     server refuses anything larger), connections and subscriptions;
 #   * the `edge` user: publish turns, request results and API calls,
 #     subscribe to replies, events and its inboxes; nothing else;
 #   * `nsc push` of the account, and the edge user's .creds file.
 #
 # The tenant's identity is its account: the brain reads the account key the
 # server writes into each subject. Register the printed account key with the
-# tenant (provision.TenantSpec.NATSAccount), and give the .creds file to the
+# tenant (brainctl tenant create --account), and give the .creds file to the
 # tenant's edge (EDGE_NATS_CREDS). Re-running it is safe: what exists is kept.
 #
 # The subjects and permissions below must match subjects.TenantImports and
@@ -19,35 +21,39 @@
 # suite when they drift apart.
 set -euo pipefail
 
-# Imports: name|kind|BRAIN subject ({ACC} is the tenant's own key)|local subject
-# (subjects.TenantImports).
+# Imports: name|exporting account (streams or brain)|kind|subject ({ACC} is the
+# tenant's own key)|local subject (subjects.TenantImports).
 # shellcheck disable=SC2016 # a NATS subject's $ is literal
 IMPORTS=(
-  'turns|service|brain.turn.{ACC}.>|turn.>'
-  'replies|stream|brain.live.{ACC}.>|reply.>'
-  'results|service|$JS.API.DIRECT.GET.RESULTS.brain.reply.{ACC}.>|result.>'
-  'api|service|brain.api.{ACC}.>|api.>'
-  'events|stream|brain.event.{ACC}.>|event.>'
+  'turns|streams|service|brain.turn.{ACC}.>|turn.>'
+  'replies|streams|stream|brain.live.{ACC}.>|reply.>'
+  'results|streams|service|$JS.API.DIRECT.GET.RESULTS_{ACC}.brain.reply.{ACC}.>|result.>'
+  'api|brain|service|brain.api.{ACC}.>|api.>'
+  'events|brain|stream|brain.event.{ACC}.>|event.>'
 )
 # The edge user (account.Permissions(account.RoleEdge)).
 EDGE_ALLOW_PUB=('turn.>' 'result.>' 'api.>')
 EDGE_ALLOW_SUB=('reply.>' 'event.>' '_INBOX.>')
 EDGE_USER=edge
-# Connections of the tenant account (account.TenantAccount).
+# Bounds of the tenant account (account.TenantAccount, account.Tenant*).
 TENANT_MAX_CONNS=32
+TENANT_MAX_PAYLOAD=262144
+TENANT_MAX_SUBS=1000
 
 usage() {
 	cat >&2 <<'EOF'
-usage: deploy/nsc-onboard-tenant.sh [options] TENANT OPERATOR BRAIN_ACCOUNT_KEY
+usage: deploy/nsc-onboard-tenant.sh [options] TENANT OPERATOR BRAIN_ACCOUNT_KEY STREAMS_ACCOUNT_KEY
 
-Creates account TENANT in nsc operator OPERATOR, importing the BRAIN account
-(public key BRAIN_ACCOUNT_KEY, printed by deploy/nsc-brain-account.sh),
-with an edge user; pushes it and writes the edge user's .creds.
+Creates account TENANT in nsc operator OPERATOR, importing the BRAIN and
+STREAMS accounts (public keys printed by deploy/nsc-brain-account.sh), with
+an edge user; pushes it and writes the edge user's .creds.
 
 TENANT is the tenant id: lowercase letters, digits and -, as in the registry.
 
 options:
-  --creds FILE      where to write the edge user's .creds (default ./TENANT-edge.creds)
+  --user NAME       edge user name (default edge); a second name makes a
+                    second, overlapping user for a rotation
+  --creds FILE      where to write the edge user's .creds (default ./TENANT-USER.creds)
   --push-url URL    account server for nsc push (default: the operator's)
   --no-push         do not push (push later with nsc push)
   -h, --help        this help
@@ -65,6 +71,7 @@ PUSH_URL=
 PUSH=1
 while [ $# -gt 0 ]; do
 	case "$1" in
+	--user) [ $# -ge 2 ] || usage; EDGE_USER=$2; shift 2 ;;
 	--creds) [ $# -ge 2 ] || usage; CREDS=$2; shift 2 ;;
 	--push-url) [ $# -ge 2 ] || usage; PUSH_URL=$2; shift 2 ;;
 	--no-push) PUSH=0; shift ;;
@@ -74,14 +81,19 @@ while [ $# -gt 0 ]; do
 	*) break ;;
 	esac
 done
-[ $# -eq 3 ] || usage
+[ $# -eq 4 ] || usage
 TENANT=$1
 OPERATOR=$2
 BRAIN=$3
+STREAMS=$4
 [[ $TENANT =~ ^[a-z0-9][a-z0-9-]{0,47}$ ]] || die "tenant '$TENANT' must match ^[a-z0-9][a-z0-9-]{0,47}\$ (the registry's tenant id)"
 [ -n "$OPERATOR" ] || usage
-[[ $BRAIN =~ ^A[A-Z2-7]{55}$ ]] || die "'$BRAIN' is not an account public key (A followed by 55 base32 characters)"
-CREDS=${CREDS:-./$TENANT-edge.creds}
+for key in "$BRAIN" "$STREAMS"; do
+	[[ $key =~ ^A[A-Z2-7]{55}$ ]] || die "'$key' is not an account public key (A followed by 55 base32 characters)"
+done
+[ "$BRAIN" != "$STREAMS" ] || die "the BRAIN and STREAMS keys are the same key"
+[[ $EDGE_USER =~ ^[A-Za-z0-9_-]{1,64}$ ]] || die "user name '$EDGE_USER' must be letters, digits, _ or -"
+CREDS=${CREDS:-./$TENANT-$EDGE_USER.creds}
 command -v nsc >/dev/null 2>&1 || die "nsc is not on PATH (https://github.com/nats-io/nsc)"
 
 # shellcheck source=nsc-lib.sh
@@ -97,12 +109,17 @@ fi
 ACC=$(account_key "$TENANT")
 [[ $ACC =~ ^A[A-Z2-7]{55}$ ]] || die "could not read the public key of account $TENANT"
 [ "$ACC" != "$BRAIN" ] || die "account $TENANT is the BRAIN account"
+[ "$ACC" != "$STREAMS" ] || die "account $TENANT is the STREAMS account"
 
-nsc edit account --name "$TENANT" --conns "$TENANT_MAX_CONNS"
+nsc edit account --name "$TENANT" --conns "$TENANT_MAX_CONNS" --payload "$TENANT_MAX_PAYLOAD" --subscriptions "$TENANT_MAX_SUBS"
 
 for i in "${IMPORTS[@]}"; do
-	IFS='|' read -r name kind remote local <<<"$i"
+	IFS='|' read -r name from kind remote local <<<"$i"
 	remote=${remote//\{ACC\}/$ACC}
+	src=$BRAIN
+	if [ "$from" = streams ]; then
+		src=$STREAMS
+	fi
 	if has_subject "$TENANT" "$remote"; then
 		echo "import $name ($remote) exists"
 		continue
@@ -111,7 +128,7 @@ for i in "${IMPORTS[@]}"; do
 	if [ "$kind" = service ]; then
 		service=(--service)
 	fi
-	nsc add import --account "$TENANT" --name "$name" --src-account "$BRAIN" \
+	nsc add import --account "$TENANT" --name "$name" --src-account "$src" \
 		--remote-subject "$remote" --local-subject "$local" ${service[@]+"${service[@]}"}
 done
 
@@ -126,7 +143,7 @@ cat <<EOF
 
 Tenant $TENANT onboarded.
   NATS account: $ACC
-    register it as the tenant's NATS account (provision.TenantSpec.NATSAccount)
+    register it with the tenant: brainctl tenant create $TENANT --account $ACC
   edge user .creds: $CREDS
     the tenant's edge reads it (EDGE_NATS_CREDS); hand it over securely
 EOF

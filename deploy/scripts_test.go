@@ -60,42 +60,81 @@ func kind(service bool) string {
 
 func sorted(s []string) []string { return slices.Sorted(slices.Values(s)) }
 
-// TestBrainAccountScriptMatchesTheCode keeps deploy/nsc-brain-account.sh in
-// step with subjects.BrainExports and account.Permissions(RoleBrain).
-func TestBrainAccountScriptMatchesTheCode(t *testing.T) {
-	arrays, scalars := shellArrays(t, "nsc-brain-account.sh")
-	var want, got []string
-	for _, e := range subjects.BrainExports() {
-		want = append(want, fmt.Sprintf("%s|%s|%d|%s", e.Name, kind(e.IsService), e.TokenPosition, e.Subject))
-	}
-	got = arrays["EXPORTS"]
-	if !slices.Equal(sorted(got), sorted(want)) {
-		t.Errorf("nsc-brain-account.sh EXPORTS\n got %q\nwant %q (subjects.BrainExports)", got, want)
-	}
-	p := account.Permissions(account.RoleBrain)
+func checkPerms(t *testing.T, script string, arrays map[string][]string, prefix string, r account.Role) {
+	t.Helper()
+	p := account.Permissions(r)
 	for name, want := range map[string][]string{
-		"BRAIN_ALLOW_PUB": p.Pub.Allow, "BRAIN_DENY_PUB": p.Pub.Deny, "BRAIN_ALLOW_SUB": p.Sub.Allow,
+		prefix + "_ALLOW_PUB": p.Pub.Allow, prefix + "_DENY_PUB": p.Pub.Deny, prefix + "_ALLOW_SUB": p.Sub.Allow,
 	} {
 		if got := arrays[name]; !slices.Equal(sorted(got), sorted(want)) {
-			t.Errorf("nsc-brain-account.sh %s\n got %q\nwant %q (account.Permissions(RoleBrain))", name, got, want)
+			t.Errorf("%s %s\n got %q\nwant %q (account.Permissions)", script, name, got, want)
 		}
 	}
 	if len(p.Sub.Deny) != 0 {
-		t.Errorf("RoleBrain denies subscriptions %q: the script sets none", p.Sub.Deny)
+		t.Errorf("%s: the role denies subscriptions %q: the script sets none", script, p.Sub.Deny)
 	}
+}
+
+// TestStreamsAccountScriptMatchesTheCode keeps deploy/nsc-streams-account.sh
+// in step with subjects.StreamsExports and account.Permissions(RoleProvisioner).
+func TestStreamsAccountScriptMatchesTheCode(t *testing.T) {
+	arrays, _ := shellArrays(t, "nsc-streams-account.sh")
+	var want []string
+	for _, e := range subjects.StreamsExports() {
+		response := "single"
+		if e.Streamed {
+			response = "stream"
+		}
+		if e.Private != (e.TokenPosition == 0) {
+			t.Fatalf("export %s: private exports have no token position, public ones have one", e.Name)
+		}
+		want = append(want, fmt.Sprintf("%s|%s|%d|%s|%s", e.Name, kind(e.IsService), e.TokenPosition, response, e.Subject))
+	}
+	if got := arrays["EXPORTS"]; !slices.Equal(sorted(got), sorted(want)) {
+		t.Errorf("nsc-streams-account.sh EXPORTS\n got %q\nwant %q (subjects.StreamsExports)", got, want)
+	}
+	checkPerms(t, "nsc-streams-account.sh", arrays, "PROVISIONER", account.RoleProvisioner)
+}
+
+// TestBrainAccountScriptMatchesTheCode keeps deploy/nsc-brain-account.sh in
+// step with subjects.BrainExports, subjects.BrainImports and
+// account.Permissions(RoleBrain).
+func TestBrainAccountScriptMatchesTheCode(t *testing.T) {
+	arrays, scalars := shellArrays(t, "nsc-brain-account.sh")
+	var want []string
+	for _, e := range subjects.BrainExports() {
+		want = append(want, fmt.Sprintf("%s|%s|%d|%s", e.Name, kind(e.IsService), e.TokenPosition, e.Subject))
+	}
+	if got := arrays["EXPORTS"]; !slices.Equal(sorted(got), sorted(want)) {
+		t.Errorf("nsc-brain-account.sh EXPORTS\n got %q\nwant %q (subjects.BrainExports)", got, want)
+	}
+	want = nil
+	for _, im := range subjects.BrainImports() {
+		if !im.IsService || im.From != subjects.AccountStreams {
+			t.Fatalf("import %s: the script imports services from STREAMS only", im.Name)
+		}
+		want = append(want, fmt.Sprintf("%s|%s|%s", im.Name, im.Subject, im.Local))
+	}
+	if got := arrays["IMPORTS"]; !slices.Equal(sorted(got), sorted(want)) {
+		t.Errorf("nsc-brain-account.sh IMPORTS\n got %q\nwant %q (subjects.BrainImports)", got, want)
+	}
+	checkPerms(t, "nsc-brain-account.sh", arrays, "BRAIN", account.RoleBrain)
+	p := account.Permissions(account.RoleBrain)
 	if p.Resp == nil || strconv.Itoa(p.Resp.MaxMsgs) != scalars["BRAIN_MAX_RESPONSES"] || p.Resp.Expires != 0 {
 		t.Errorf("response permission %+v, script BRAIN_MAX_RESPONSES=%q", p.Resp, scalars["BRAIN_MAX_RESPONSES"])
 	}
 }
 
 // TestOnboardTenantScriptMatchesTheCode keeps deploy/nsc-onboard-tenant.sh
-// in step with subjects.TenantImports and account.Permissions(RoleEdge).
+// in step with subjects.TenantImports, account.Permissions(RoleEdge) and the
+// tenant account's bounds.
 func TestOnboardTenantScriptMatchesTheCode(t *testing.T) {
 	arrays, scalars := shellArrays(t, "nsc-onboard-tenant.sh")
 	const acc = "{ACC}"
 	var want []string
 	for _, im := range subjects.TenantImports(acc) {
-		want = append(want, fmt.Sprintf("%s|%s|%s|%s", im.Name, kind(im.IsService), im.Subject, im.Local))
+		from := map[string]string{subjects.AccountStreams: "streams", subjects.AccountBrain: "brain"}[im.From]
+		want = append(want, fmt.Sprintf("%s|%s|%s|%s|%s", im.Name, from, kind(im.IsService), im.Subject, im.Local))
 	}
 	if got := arrays["IMPORTS"]; !slices.Equal(sorted(got), sorted(want)) {
 		t.Errorf("nsc-onboard-tenant.sh IMPORTS\n got %q\nwant %q (subjects.TenantImports)", got, want)
@@ -109,17 +148,21 @@ func TestOnboardTenantScriptMatchesTheCode(t *testing.T) {
 	if len(p.Pub.Deny) != 0 || len(p.Sub.Deny) != 0 || p.Resp != nil {
 		t.Errorf("RoleEdge has denies or response permissions the script does not set: %+v", p)
 	}
-	// The tenant account's connection limit.
+	// The tenant account's bounds.
 	_, sysPub, _ := account.NewAccountKey(nil)
 	op, err := account.NewOperator("t", nil, sysPub)
 	if err != nil {
 		t.Fatal(err)
 	}
-	br, err := op.BrainAccount(nil)
+	st, err := op.StreamsAccount(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tn, err := op.TenantAccount("t", nil, br.Public)
+	br, err := op.BrainAccount(nil, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn, err := op.TenantAccount("t", nil, br.Public, st.Public)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,13 +170,15 @@ func TestOnboardTenantScriptMatchesTheCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strconv.FormatInt(ac.Limits.Conn, 10) != scalars["TENANT_MAX_CONNS"] {
-		t.Errorf("tenant connections: account.TenantAccount %d, script TENANT_MAX_CONNS=%q", ac.Limits.Conn, scalars["TENANT_MAX_CONNS"])
+	for name, v := range map[string]int64{"TENANT_MAX_CONNS": ac.Limits.Conn, "TENANT_MAX_PAYLOAD": ac.Limits.Payload, "TENANT_MAX_SUBS": ac.Limits.Subs} {
+		if strconv.FormatInt(v, 10) != scalars[name] {
+			t.Errorf("tenant bound %s: account.TenantAccount %d, script %q", name, v, scalars[name])
+		}
 	}
 }
 
 func TestScriptsAreValidBash(t *testing.T) {
-	for _, s := range []string{"nsc-brain-account.sh", "nsc-onboard-tenant.sh", "ensure-postgres.sh"} {
+	for _, s := range []string{"nsc-streams-account.sh", "nsc-brain-account.sh", "nsc-onboard-tenant.sh", "ensure-postgres.sh"} {
 		if out, err := exec.Command("bash", "-n", s).CombinedOutput(); err != nil {
 			t.Errorf("bash -n %s: %v\n%s", s, err, out)
 		}

@@ -150,10 +150,21 @@ func TestTurnSubmitDecidesAndReplays(t *testing.T) {
 		replay = r.body
 	}
 
-	// The same key from the result URL is the same replay.
-	got := e.do(t, http.MethodGet, "/v1/turns/"+key, nil, nil)
+	// The same key from the result URL, bound to this payload, is the same replay.
+	fp := wire.Fingerprint(mustDecode(t, body))
+	got := e.do(t, http.MethodGet, "/v1/turns/"+key+"?fingerprint="+fp, nil, nil)
 	if got.status != http.StatusOK || !bytes.Equal(got.body, replay) {
 		t.Errorf("GET result: status %d, body %s; want 200 and the replay", got.status, got.body)
+	}
+	// Without the fingerprint the result URL answers nothing; with another
+	// payload's, it answers what a POST of that payload would: 409.
+	if g := e.do(t, http.MethodGet, "/v1/turns/"+key, nil, nil); g.status != http.StatusBadRequest || g.wireError(t).Field != "fingerprint" {
+		t.Errorf("GET without fingerprint: status %d, body %s; want 400 naming the field", g.status, g.body)
+	}
+	otherFP := wire.Fingerprint(mustDecode(t, turnBody(workItem, "a different email")))
+	if g := e.do(t, http.MethodGet, "/v1/turns/"+key+"?fingerprint="+otherFP, nil, nil); g.status != http.StatusConflict ||
+		g.wireError(t).Reason != wire.ReasonIdempotencyKeyReused {
+		t.Errorf("GET with another payload's fingerprint: status %d, body %s; want 409 idempotency_key_reused", g.status, g.body)
 	}
 
 	// The same work item and turn with another payload.
@@ -253,7 +264,7 @@ func TestTurnSubmitRedrivesStoredError(t *testing.T) {
 		// The stored error is the answer of the result URL until a retry.
 		// (The live reply can beat its storage in RESULTS: wait for the PubAck.)
 		next(t, fb.replied, "the error stored in RESULTS")
-		if g := e.do(t, http.MethodGet, "/v1/turns/"+key, nil, nil); g.status != http.StatusServiceUnavailable {
+		if g := e.do(t, http.MethodGet, "/v1/turns/"+key+"?fingerprint="+wire.Fingerprint(req), nil, nil); g.status != http.StatusServiceUnavailable {
 			t.Errorf("GET after the error: status %d, body %s; want 503", g.status, g.body)
 		}
 
@@ -387,7 +398,7 @@ func TestTurnSubmitPendingThenFetch(t *testing.T) {
 	if r.status != http.StatusAccepted {
 		t.Fatalf("submit: status %d, body %s; want 202", r.status, r.body)
 	}
-	url := "/v1/turns/" + key
+	url := "/v1/turns/" + key + "?fingerprint=" + wire.Fingerprint(req)
 	if r.header.Get("Location") != url || r.header.Get("Retry-After") != "2" {
 		t.Errorf("202 headers Location %q Retry-After %q; want %q and 2", r.header.Get("Location"), r.header.Get("Retry-After"), url)
 	}
@@ -409,14 +420,19 @@ func TestTurnSubmitPendingThenFetch(t *testing.T) {
 	tm := next(t, fb.received, "the turn at the brain")
 	fb.reply(key, tm.Seq, tm.FP, decide(tm))
 
+	// The first delivery of the decision is not a replay: nobody had it.
 	g = e.do(t, http.MethodGet, url, nil, nil)
 	if g.status != http.StatusOK {
 		t.Fatalf("GET after the decision: status %d, body %s; want 200", g.status, g.body)
 	}
+	if !bytes.Equal(g.body, decision(req)) {
+		t.Errorf("first GET after the decision: %s, want the brain's bytes with replayed false %s", g.body, decision(req))
+	}
+	// Every later delivery is.
 	marked, err := wire.MarkReplayed(decision(req))
 	must(t, err)
-	if !bytes.Equal(g.body, marked) {
-		t.Errorf("GET after the decision: %s, want %s", g.body, marked)
+	if g := e.do(t, http.MethodGet, url, nil, nil); g.status != http.StatusOK || !bytes.Equal(g.body, marked) {
+		t.Errorf("second GET: status %d, body %s; want %s", g.status, g.body, marked)
 	}
 	// And the same turn re-submitted gets it too, without a second message.
 	if r := e.submit(t, body); r.status != http.StatusOK || !bytes.Equal(r.body, marked) {
@@ -501,15 +517,15 @@ func TestTurnSubmitStoredWithoutLiveReply(t *testing.T) {
 	// tenant's event import only carries its own account in token 3.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rc := stream.Results(stream.Config{Memory: true})
+	rc := stream.Results(stream.Config{Memory: true}, n.tenant.Public, stream.Limits{})
 	// Without the republish a stored reply is never live: the case of a
 	// live reply lost while the edge was reconnecting.
 	rc.RePublish = nil
-	rc.Subjects = append(rc.Subjects, "brain.event.stage.>")
+	rc.Subjects = append(rc.Subjects, "stage.>")
 	rc.SubjectTransform = &jetstream.SubjectTransformConfig{
-		Source: "brain.event.stage.*.*", Destination: "brain.reply.{{wildcard(1)}}.{{wildcard(2)}}",
+		Source: "stage.*.*", Destination: "brain.reply.{{wildcard(1)}}.{{wildcard(2)}}",
 	}
-	_, err := n.brainJS.UpdateStream(ctx, rc)
+	_, err := n.streamsJS.UpdateStream(ctx, rc)
 	must(t, err)
 
 	// An earlier edge sent the turn; the brain holds it.
@@ -526,13 +542,13 @@ func TestTurnSubmitStoredWithoutLiveReply(t *testing.T) {
 	go func() { res <- e.submit(t, body) }()
 	e.logs.waitFor(t, `"msg":"no stored reply yet","tenant_id":"client-zero","turn_key":"`+key+`"`)
 
-	msg := &nats.Msg{Subject: "brain.event.stage." + n.tenant.Public + "." + key, Data: decision(req), Header: nats.Header{}}
+	msg := &nats.Msg{Subject: "stage." + n.tenant.Public + "." + key, Data: decision(req), Header: nats.Header{}}
 	msg.Header.Set(wire.HeaderStatus, wire.StatusOK)
 	msg.Header.Set(wire.HeaderFingerprint, tm.FP)
 	msg.Header.Set(wire.HeaderTurnSeq, fmt.Sprint(tm.Seq))
-	ack, err := n.brainJS.PublishMsg(ctx, msg)
+	ack, err := n.streamsJS.PublishMsg(ctx, msg)
 	must(t, err)
-	if ack.Stream != subjects.ResultsStream {
+	if ack.Stream != subjects.ResultsStream(n.tenant.Public) {
 		t.Fatalf("staged reply stored in %q", ack.Stream)
 	}
 
@@ -559,7 +575,7 @@ func TestTurnMalformedStoredReply(t *testing.T) {
 	_, err := n.brainJS.PublishMsg(ctx, msg)
 	must(t, err)
 
-	if g := e.do(t, http.MethodGet, "/v1/turns/"+key, nil, nil); g.status != http.StatusInternalServerError || g.wireError(t).Code != wire.CodeInternal {
+	if g := e.do(t, http.MethodGet, "/v1/turns/"+key+"?fingerprint="+strings.Repeat("a", 64), nil, nil); g.status != http.StatusInternalServerError || g.wireError(t).Code != wire.CodeInternal {
 		t.Errorf("GET: status %d, body %s; want 500 internal", g.status, g.body)
 	}
 	if r := e.submit(t, body); r.status != http.StatusInternalServerError || r.wireError(t).Code != wire.CodeInternal {
@@ -570,8 +586,9 @@ func TestTurnMalformedStoredReply(t *testing.T) {
 	}
 }
 
-// Without a TURNS stream nothing acknowledges a turn: the edge retries for
-// PublishTimeout and answers 503 with Retry-After, never a silent loss.
+// Without the tenant's turn stream nothing acknowledges a turn: the edge
+// retries for PublishTimeout and answers 503 with Retry-After and the
+// reason, never a silent loss.
 func TestTurnSubmitUnavailable(t *testing.T) {
 	t.Parallel()
 	n := startNATS(t, false)
@@ -582,8 +599,8 @@ func TestTurnSubmitUnavailable(t *testing.T) {
 	if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") != "2" {
 		t.Fatalf("status %d Retry-After %q body %s; want 503 with Retry-After 2", r.status, r.header.Get("Retry-After"), r.body)
 	}
-	if we := r.wireError(t); we.Code != wire.CodeUnavailable || we.RetryAfter != 2 {
-		t.Errorf("error %+v, want unavailable with retry_after 2", we)
+	if we := r.wireError(t); we.Code != wire.CodeUnavailable || we.RetryAfter != 2 || we.Reason != wire.ReasonNotProvisioned {
+		t.Errorf("error %+v, want unavailable (tenant_not_provisioned) with retry_after 2", we)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("took %s; the publish budget is 400ms", d)
@@ -768,4 +785,11 @@ func TestHTTPStatus(t *testing.T) {
 			}
 		})
 	}
+}
+
+func mustDecode(t *testing.T, body []byte) *wire.TurnSubmitRequest {
+	t.Helper()
+	req, err := wire.DecodeTurnSubmitRequest(body)
+	must(t, err)
+	return req
 }

@@ -3,9 +3,9 @@ package edge
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -20,7 +20,7 @@ import (
 // decoding path, so nothing here pretends to be NATS.
 type fakeBrainClient struct {
 	SubmitFunc func(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error)
-	ResultFunc func(ctx context.Context, key string) (turnOutcome, error)
+	ResultFunc func(ctx context.Context, key, fp string) (turnOutcome, error)
 	CallFunc   func(ctx context.Context, method string, req any) ([]byte, error)
 }
 
@@ -28,8 +28,8 @@ func (f *fakeBrainClient) Submit(ctx context.Context, key string, payload []byte
 	return f.SubmitFunc(ctx, key, payload, fp)
 }
 
-func (f *fakeBrainClient) Result(ctx context.Context, key string) (turnOutcome, error) {
-	return f.ResultFunc(ctx, key)
+func (f *fakeBrainClient) Result(ctx context.Context, key, fp string) (turnOutcome, error) {
+	return f.ResultFunc(ctx, key, fp)
 }
 
 func (f *fakeBrainClient) Call(ctx context.Context, method string, req any) ([]byte, error) {
@@ -51,13 +51,16 @@ func FuzzTurnSubmitDecode(f *testing.F) {
 				if err != nil {
 					return turnOutcome{}, internal(err, "the edge published a payload the strict decoder refuses")
 				}
-				sum := sha256.Sum256(payload)
-				if key != subjects.TurnKey(req.WorkItemID, req.Turn) || fp != wire.Fingerprint(req) || fp != hex.EncodeToString(sum[:]) {
-					return turnOutcome{}, internal(nil, "key or fingerprint does not match the payload")
+				canon, err := encodeTurn(req)
+				if err != nil || !bytes.Equal(canon, payload) {
+					return turnOutcome{}, internal(fmt.Errorf("payload %q is not canonical", payload), "the edge published a non-canonical payload")
+				}
+				if key != subjects.TurnKey(req.WorkItemID, req.Turn) || fp != wire.Fingerprint(req) {
+					return turnOutcome{}, internal(errors.New("mismatch"), "key or fingerprint does not match the payload")
 				}
 				return turnOutcome{Body: decision(req)}, nil
 			},
-			ResultFunc: func(context.Context, string) (turnOutcome, error) {
+			ResultFunc: func(context.Context, string, string) (turnOutcome, error) {
 				return turnOutcome{}, &wire.Error{Code: wire.CodeNotFound, Message: "none"}
 			},
 		},

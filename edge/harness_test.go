@@ -30,19 +30,24 @@ import (
 const testToken = "test-token-0123456789abcdef"
 
 // testNATS is a real embedded NATS server in operator mode with the same
-// accounts the dev stack uses: SYS, BRAIN with its exports, and one tenant
-// importing them.
+// accounts the dev stack uses: SYS, STREAMS with the tenants' streams, BRAIN
+// importing their consumer API, and one tenant importing both.
 type testNATS struct {
 	srv        *embed.Server
 	tenant     *account.Account
-	edgeCreds  string // path of the tenant's edge .creds
+	edgeCreds  string // path of the edge .creds
 	brainCreds string
-	brainNC    *nats.Conn
-	brainJS    jetstream.JetStream
+	// brainNC and brainJS are a brain replica's: through BRAIN's imports.
+	brainNC *nats.Conn
+	brainJS jetstream.JetStream
+	// streamsNC and streamsJS act inside STREAMS with no limits: the test's
+	// own hands on the tenant's streams.
+	streamsNC *nats.Conn
+	streamsJS jetstream.JetStream
 }
 
-// startNATS starts the server; with streams set it also creates the TURNS
-// and RESULTS streams and the brain's consumer.
+// startNATS starts the server; with streams set it also creates the
+// tenant's streams and the brain's consumer, as provisioning does.
 func startNATS(t *testing.T, streams bool) *testNATS {
 	t.Helper()
 	sysKP, sysPub, err := account.NewAccountKey(nil)
@@ -51,16 +56,18 @@ func startNATS(t *testing.T, streams bool) *testNATS {
 	must(t, err)
 	sys, err := op.SystemAccount(sysKP)
 	must(t, err)
-	brain, err := op.BrainAccount(nil)
+	st, err := op.StreamsAccount(nil)
 	must(t, err)
-	tenant, err := op.TenantAccount("TENANT_A", nil, brain.Public)
+	brain, err := op.BrainAccount(nil, st)
+	must(t, err)
+	tenant, err := op.TenantAccount("TENANT_A", nil, brain.Public, st.Public)
 	must(t, err)
 
 	srv, err := embed.Start(embed.Config{
 		StoreDir:      t.TempDir(),
 		OperatorJWT:   op.JWT,
 		SystemAccount: sys.Public,
-		Accounts:      map[string]string{sys.Public: sys.JWT, brain.Public: brain.JWT, tenant.Public: tenant.JWT},
+		Accounts:      map[string]string{sys.Public: sys.JWT, st.Public: st.JWT, brain.Public: brain.JWT, tenant.Public: tenant.JWT},
 	})
 	must(t, err)
 	t.Cleanup(srv.Stop)
@@ -73,13 +80,15 @@ func startNATS(t *testing.T, streams bool) *testNATS {
 		brainCreds: writeCreds(t, dir, brain, "brain", account.RoleBrain),
 	}
 	n.brainNC = n.connect(t, n.brainCreds)
-	n.brainJS, err = jetstream.New(n.brainNC)
+	n.brainJS, err = jetstream.NewWithAPIPrefix(n.brainNC, subjects.StreamsAPIPrefix)
+	must(t, err)
+	n.streamsNC = n.connect(t, writeCreds(t, dir, st, "test", account.RoleUnrestricted))
+	n.streamsJS, err = jetstream.New(n.streamsNC)
 	must(t, err)
 	if streams {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err = stream.Ensure(ctx, n.brainJS, stream.Config{Memory: true, AckWait: 2 * time.Second})
-		must(t, err)
+		must(t, stream.EnsureTenant(ctx, n.streamsJS, stream.Config{Memory: true, AckWait: 2 * time.Second}, tenant.Public, stream.Limits{}))
 	}
 	return n
 }
@@ -106,7 +115,7 @@ func (n *testNATS) turnCount(t *testing.T, key string) uint64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := n.brainJS.Stream(ctx, subjects.TurnsStream)
+	st, err := n.streamsJS.Stream(ctx, subjects.TurnsStream(n.tenant.Public))
 	must(t, err)
 	subj := subjects.Turn(n.tenant.Public, key)
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
@@ -154,7 +163,7 @@ func startFakeBrain(t *testing.T, n *testNATS, answer func(turnMsg) *fakeAnswer)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cons, err := n.brainJS.Consumer(ctx, subjects.TurnsStream, subjects.TurnsConsumer)
+	cons, err := n.brainJS.Consumer(ctx, subjects.TurnsStream(n.tenant.Public), subjects.TurnsConsumer)
 	must(t, err)
 	cc, err := cons.Consume(fb.handle)
 	must(t, err)

@@ -47,6 +47,13 @@ type relay struct {
 
 	mu      sync.Mutex
 	waiters map[string]map[chan *nats.Msg]struct{}
+	// pending remembers turns answered 202 (key → fingerprint) until their
+	// decision is first delivered; pendingOrder evicts the oldest.
+	pending      map[string]string
+	pendingOrder []string
+	// limitsCache is the tenant's quota as the brain last reported it.
+	limitsCache wire.TenantLimitsReply
+	limitsAt    time.Time
 }
 
 // newRelay subscribes to every live reply of the tenant once, for the life
@@ -66,6 +73,7 @@ func newRelay(nc *nats.Conn, cfg Config, logger *slog.Logger) (*relay, error) {
 		turnWait:       cfg.TurnWait,
 		publishTimeout: cfg.PublishTimeout,
 		waiters:        map[string]map[chan *nats.Msg]struct{}{},
+		pending:        map[string]string{},
 	}
 	if _, err := nc.Subscribe(subjects.LocalReply+">", r.dispatch); err != nil {
 		return nil, fmt.Errorf("subscribe to %s>: %w", subjects.LocalReply, err)
@@ -178,7 +186,7 @@ func (r *relay) look(ctx context.Context, s *submission) (out turnOutcome, done 
 		r.logger.Debug("no stored reply yet", "turn_key", s.key)
 		return turnOutcome{}, false, nil
 	case stored.status == wire.StatusOK:
-		out, err = s.decided(stored, true)
+		out, err = r.decided(s, stored, true)
 		return out, true, err
 	case stored.turnSeq < s.minSeq:
 		// A stale error: a newer message for the key is in flight.
@@ -225,7 +233,7 @@ func (r *relay) await(ctx context.Context, s *submission, ch chan *nats.Msg) (tu
 			case err != nil:
 				r.logger.Error("malformed live reply", "turn_key", s.key, "error", err)
 			case rep.status == wire.StatusOK:
-				return s.decided(rep, false)
+				return r.decided(s, rep, false)
 			case rep.turnSeq < s.minSeq:
 				// Stale: it answers a message older than the one in flight.
 			case rep.fingerprint == s.fp:
@@ -249,6 +257,7 @@ func (r *relay) await(ctx context.Context, s *submission, ch chan *nats.Msg) (tu
 			if out, done, err := r.look(ctx, s); done {
 				return out, err
 			}
+			r.notePending(s.key, s.fp)
 			return turnOutcome{Pending: true}, nil
 		case <-ctx.Done():
 			return turnOutcome{}, unavailable(ctx.Err(), "the request ended before the brain answered; retry with the same turn")
@@ -256,25 +265,66 @@ func (r *relay) await(ctx context.Context, s *submission, ch chan *nats.Msg) (tu
 	}
 }
 
-// decided turns a decision into the outcome of s: the decision when it
-// answers s's payload, idempotency_key_reused when it answers another.
-func (s *submission) decided(rep brainReply, stored bool) (turnOutcome, error) {
-	if rep.fingerprint != s.fp {
-		return turnOutcome{}, &wire.Error{
-			Code:   wire.CodeConflict,
-			Reason: wire.ReasonIdempotencyKeyReused,
-			Message: "this work item and turn were already decided for a different payload; " +
-				"send the same payload to get the stored decision, or the next turn",
-		}
+// errKeyReused is the answer to a payload whose key was decided for another.
+func errKeyReused() error {
+	return &wire.Error{
+		Code:   wire.CodeConflict,
+		Reason: wire.ReasonIdempotencyKeyReused,
+		Message: "this work item and turn were already decided for a different payload; " +
+			"send the same payload to get the stored decision, or the next turn",
 	}
+}
+
+// decided turns a decision into the outcome of s: the decision when it
+// answers s's payload, idempotency_key_reused when it answers another. A
+// decision is a replay unless it answers the message s published, or it was
+// stored while its requester got a 202 and this is its first delivery.
+func (r *relay) decided(s *submission, rep brainReply, stored bool) (turnOutcome, error) {
+	if rep.fingerprint != s.fp {
+		return turnOutcome{}, errKeyReused()
+	}
+	first := r.firstDelivery(s.key, s.fp)
 	if !stored || (s.ownSeq != 0 && rep.turnSeq == s.ownSeq) {
 		return turnOutcome{Body: rep.body}, nil
 	}
-	body, err := wire.MarkReplayed(rep.body)
+	body, err := wire.SetReplayed(rep.body, !first)
 	if err != nil {
 		return turnOutcome{}, internal(err, "the stored decision is unreadable")
 	}
-	return turnOutcome{Body: body, Replayed: true}, nil
+	return turnOutcome{Body: body, Replayed: !first}, nil
+}
+
+// maxPending bounds the turns remembered as answered 202 and not yet delivered.
+const maxPending = 100_000
+
+// notePending remembers that key's decision for payload fp was not yet
+// delivered: its requester got a 202.
+func (r *relay) notePending(key, fp string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.pending[key]; !ok {
+		if len(r.pendingOrder) >= maxPending {
+			delete(r.pending, r.pendingOrder[0])
+			r.pendingOrder = r.pendingOrder[1:]
+		}
+		r.pendingOrder = append(r.pendingOrder, key)
+	}
+	r.pending[key] = fp
+}
+
+// firstDelivery reports whether this is the first delivery of key's
+// decision for fp after a 202, and forgets the 202: every later delivery is
+// a repeat. An edge restarted since the 202 no longer knows, and says repeat.
+func (r *relay) firstDelivery(key, fp string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pfp, ok := r.pending[key]
+	if !ok || pfp != fp {
+		return false
+	}
+	delete(r.pending, key)
+	// pendingOrder keeps the key until it is evicted; a key not in pending is skipped then.
+	return true
 }
 
 // redrive publishes s again after an error reply for turn message seq. The
@@ -299,9 +349,12 @@ func (r *relay) redrive(ctx context.Context, s *submission, seq uint64) error {
 	return nil
 }
 
-// Result returns the stored answer of a turn: the decision (marked as a
-// replay), the brain's error, or not_found.
-func (r *relay) Result(ctx context.Context, key string) (turnOutcome, error) {
+// Result returns the stored answer of a turn for the payload with
+// fingerprint fp: the decision, the brain's error for that payload,
+// idempotency_key_reused when the key was decided for another payload, or
+// not_found. The decision is marked as a replay unless this is its first
+// delivery after a 202.
+func (r *relay) Result(ctx context.Context, key, fp string) (turnOutcome, error) {
 	rep, found, err := r.fetch(ctx, key)
 	switch {
 	case errors.Is(err, errMalformedReply):
@@ -314,14 +367,22 @@ func (r *relay) Result(ctx context.Context, key string) (turnOutcome, error) {
 			Message: "no answer is stored for this turn: it is still being decided, was never submitted, or expired; " +
 				"re-submitting the same turn is always safe (it is idempotent)",
 		}
-	case rep.status == wire.StatusError:
+	case rep.status == wire.StatusError && rep.fingerprint == fp:
 		return turnOutcome{}, rep.brainError()
+	case rep.status == wire.StatusError:
+		// An error answers another payload and consumes nothing: this one
+		// has no answer until it is submitted.
+		return turnOutcome{}, &wire.Error{Code: wire.CodeNotFound,
+			Message: "no answer is stored for this payload: submit the same turn again (it is idempotent)"}
+	case rep.fingerprint != fp:
+		return turnOutcome{}, errKeyReused()
 	}
-	body, err := wire.MarkReplayed(rep.body)
+	first := r.firstDelivery(key, fp)
+	body, err := wire.SetReplayed(rep.body, !first)
 	if err != nil {
 		return turnOutcome{}, internal(err, "the stored decision is unreadable")
 	}
-	return turnOutcome{Body: body, Replayed: true}, nil
+	return turnOutcome{Body: body, Replayed: !first}, nil
 }
 
 // msgID is the Nats-Msg-Id of a turn. It is bound to the content (key and
@@ -379,9 +440,15 @@ func (r *relay) publish(ctx context.Context, key string, payload []byte, id stri
 			case apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence,
 				apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant:
 				return publishResult{kind: publishWrongLast}, nil
+			case overQuota(apiErr):
+				// The tenant's own stream is full: retrying now cannot help.
+				return publishResult{}, backoff.Permanent(err)
 			case apiErr.Code == 503:
 				return publishResult{}, err
 			}
+			return publishResult{}, backoff.Permanent(err)
+		}
+		if errors.Is(err, nats.ErrMaxPayload) {
 			return publishResult{}, backoff.Permanent(err)
 		}
 		if transient(err) {
@@ -407,12 +474,85 @@ func (r *relay) publish(ctx context.Context, key string, payload []byte, id stri
 	switch {
 	case ctx.Err() != nil:
 		return publishResult{}, unavailable(ctx.Err(), "the request ended before the turn was accepted; retry with the same turn")
+	case errors.As(last, &apiErr) && overQuota(apiErr):
+		return publishResult{}, r.quotaError(ctx, apiErr)
+	case errors.As(last, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum,
+		errors.Is(last, nats.ErrMaxPayload):
+		return publishResult{}, tooLargeForNATS(last)
+	case errors.Is(last, nats.ErrNoResponders), errors.Is(last, jetstream.ErrNoStreamResponse):
+		return publishResult{}, &causeError{public: &wire.Error{Code: wire.CodeUnavailable, Reason: wire.ReasonNotProvisioned,
+			RetryAfter: defaultRetryAfter,
+			Message: "no turn stream took the turn: this tenant's streams are not provisioned on the brain yet, " +
+				"or NATS is restarting; retry later with the same turn"}, cause: last}
 	case errors.As(last, &apiErr) && apiErr.Code != 503:
 		return publishResult{}, unavailable(last, "the brain's turn stream refused the turn (%s); retry later with the same turn", apiErr.Description)
 	case transient(last):
 		return publishResult{}, unavailable(last, "the brain did not accept the turn within %s; retry with the same turn", r.publishTimeout)
 	}
 	return publishResult{}, unavailable(last, "the turn could not be sent to the brain; retry with the same turn")
+}
+
+// overQuota reports whether a publish was refused because the tenant's own
+// turn stream is at its quota (DiscardNew: 10077 "maximum messages/bytes
+// exceeded").
+func overQuota(e *jetstream.APIError) bool {
+	return e.ErrorCode == 10077 && (strings.Contains(e.Description, "maximum messages") || strings.Contains(e.Description, "maximum bytes"))
+}
+
+// quotaError is the 429 of a turn refused over quota, naming the quota the
+// brain reports for this tenant (cached).
+func (r *relay) quotaError(ctx context.Context, apiErr *jetstream.APIError) error {
+	msg := "this tenant's turn quota is used up (" + apiErr.Description + ")"
+	if l, err := r.limits(ctx); err == nil {
+		msg = fmt.Sprintf("this tenant's turn quota is used up (%s): at most %d turns or %s of turns within any %s; "+
+			"older turns leave the quota as they pass that age",
+			apiErr.Description, l.MaxTurns, byteSize(l.MaxBytes), time.Duration(l.WindowSeconds)*time.Second)
+	}
+	return &causeError{public: &wire.Error{Code: wire.CodeRateLimited, Reason: wire.ReasonTenantQuotaExceeded,
+		RetryAfter: quotaRetryAfter, Message: msg + "; retry later with the same turn"}, cause: apiErr}
+}
+
+// quotaRetryAfter is the Retry-After, in seconds, of a turn over quota.
+const quotaRetryAfter = 30
+
+// limits returns the tenant's bounds, asked of the brain at most once a minute.
+func (r *relay) limits(ctx context.Context) (wire.TenantLimitsReply, error) {
+	r.mu.Lock()
+	l, at := r.limitsCache, r.limitsAt
+	r.mu.Unlock()
+	if !at.IsZero() && time.Since(at) < time.Minute {
+		return l, nil
+	}
+	body, err := r.Call(ctx, subjects.APITenantLimits, wire.TenantLimitsRequest{})
+	if err != nil {
+		return l, err
+	}
+	if err := json.Unmarshal(body, &l); err != nil {
+		return l, err
+	}
+	r.mu.Lock()
+	r.limitsCache, r.limitsAt = l, time.Now()
+	r.mu.Unlock()
+	return l, nil
+}
+
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// tooLargeForNATS is the 413 of a turn the server would not take.
+func tooLargeForNATS(cause error) error {
+	return &causeError{public: &wire.Error{Code: wire.CodeInvalid, Reason: wire.ReasonTooLarge,
+		Message: fmt.Sprintf("the turn with its headers is larger than the %d bytes this tenant may send to the brain", wire.MaxTurnBytes)},
+		cause: cause}
 }
 
 // transient reports whether a publish failure may pass on retry.

@@ -1,11 +1,13 @@
 package edge
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime"
@@ -26,8 +28,10 @@ type brainClient interface {
 	// Submit relays the turn with the given key, canonical payload and
 	// fingerprint and waits for its answer, or reports it pending.
 	Submit(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error)
-	// Result returns the stored answer of a turn; not_found when there is none.
-	Result(ctx context.Context, key string) (turnOutcome, error)
+	// Result returns the stored answer of a turn for the payload with
+	// fingerprint fp; not_found when there is none, conflict when the turn
+	// was decided for another payload.
+	Result(ctx context.Context, key, fp string) (turnOutcome, error)
 	// Call calls a tenant API method (subjects.APIApprovalList, …) with
 	// req and returns the brain's reply body, exactly.
 	Call(ctx context.Context, method string, req any) ([]byte, error)
@@ -149,9 +153,14 @@ func handleTurnSubmit(d deps) http.Handler {
 		}
 		key := subjects.TurnKey(req.WorkItemID, req.Turn)
 		annotate(r.Context(), slog.String("turn_key", key), slog.Int("turn", req.Turn))
-		payload, err := json.Marshal(req)
+		payload, err := encodeTurn(req)
 		if err != nil { // cannot happen for a decoded request
 			fail(r.Context(), w, internal(err, "internal error"))
+			return
+		}
+		if len(payload) > maxPublishedTurn {
+			fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Reason: wire.ReasonTooLarge,
+				Message: fmt.Sprintf("the turn is %d bytes once encoded; with its headers a turn must fit in %d bytes", len(payload), wire.MaxTurnBytes)})
 			return
 		}
 		w.Header().Set("X-Turn-Key", key)
@@ -163,7 +172,7 @@ func handleTurnSubmit(d deps) http.Handler {
 		}
 		if out.Pending {
 			annotate(r.Context(), slog.Bool("pending", true))
-			writePending(w, key)
+			writePending(w, key, wire.Fingerprint(req))
 			return
 		}
 		annotate(r.Context(), slog.Bool("replayed", out.Replayed))
@@ -171,8 +180,28 @@ func handleTurnSubmit(d deps) http.Handler {
 	})
 }
 
-func writePending(w http.ResponseWriter, key string) {
-	url := "/v1/turns/" + key
+// maxPublishedTurn is the largest turn payload the edge publishes: the
+// tenant account's NATS payload limit (wire.MaxTurnBytes, headers included)
+// less room for the headers.
+const maxPublishedTurn = wire.MaxTurnBytes - 1<<10
+
+// encodeTurn is the canonical payload the edge publishes: compact JSON, with
+// '<', '>' and '&' as they are (e-mail ids and bodies are full of them; the
+// escapes would make a turn up to six times larger).
+func encodeTurn(req *wire.TurnSubmitRequest) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(req); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// writePending answers 202. The result URL carries the payload's
+// fingerprint: the decision it fetches is served only for that payload.
+func writePending(w http.ResponseWriter, key, fp string) {
+	url := "/v1/turns/" + key + "?fingerprint=" + fp
 	body, _ := json.Marshal(wire.TurnPendingReply{
 		Status:    "pending",
 		TurnKey:   key,
@@ -195,8 +224,20 @@ func handleTurnGet(d deps) http.Handler {
 			return
 		}
 		annotate(r.Context(), slog.String("turn_key", key))
+		q, err := strictQuery(r.URL.RawQuery, "fingerprint")
+		if err != nil {
+			fail(r.Context(), w, err)
+			return
+		}
+		fp := q["fingerprint"]
+		if !validFingerprint(fp) {
+			fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Field: "fingerprint",
+				Message: "fingerprint is required: the 64 lowercase hex characters in the result_url of the 202, " +
+					"which bind the stored decision to the payload that was submitted"})
+			return
+		}
 		w.Header().Set("X-Turn-Key", key)
-		out, err := d.brain.Result(r.Context(), key)
+		out, err := d.brain.Result(r.Context(), key, fp)
 		if err != nil {
 			fail(r.Context(), w, err)
 			return
@@ -204,6 +245,19 @@ func handleTurnGet(d deps) http.Handler {
 		annotate(r.Context(), slog.Bool("replayed", out.Replayed))
 		writeJSON(w, http.StatusOK, out.Body)
 	})
+}
+
+// validFingerprint reports whether s is a request fingerprint (wire.Fingerprint).
+func validFingerprint(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // fail answers with err's wire error and notes it, with the full error

@@ -43,6 +43,7 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 	if s.Categories == nil {
 		s.Categories = DefaultCategories()
 	}
+	s.Quota = s.Quota.WithDefaults()
 	s.EnabledActions = slices.Clone(s.EnabledActions)
 	s.Categories = slices.Clone(s.Categories)
 	s.Rules = slices.Clone(s.Rules)
@@ -68,6 +69,18 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 	}
 	if s.DailyTokenBudget < 0 {
 		bad("daily token budget of tenant %s must not be negative", s.ID)
+	}
+	if q := s.Quota; q.Turns < 10 || q.Turns > 100_000_000 {
+		bad("turn quota %d of tenant %s must be between 10 and 100000000 turns", q.Turns, s.ID)
+	}
+	if q := s.Quota; q.Bytes < 1<<20 || q.Bytes > 1<<40 {
+		bad("turn byte quota %d of tenant %s must be between 1 MiB and 1 TiB", q.Bytes, s.ID)
+	}
+	if q := s.Quota; q.Window < time.Minute || q.Window > 7*24*time.Hour || q.Window%time.Second != 0 {
+		bad("turn window %s of tenant %s must be whole seconds between 1m and 168h", q.Window, s.ID)
+	}
+	if q := s.Quota; q.MaxInflight < 1 || q.MaxInflight > 1024 {
+		bad("max in-flight turns %d of tenant %s must be between 1 and 1024", q.MaxInflight, s.ID)
 	}
 	if _, err := json.Marshal(s.ModelOptions); err != nil {
 		bad("model options of tenant %s do not encode as JSON: %v", s.ID, err)

@@ -32,6 +32,9 @@ type TenantSpec struct {
 	ModelName        string
 	ModelOptions     map[string]any
 	DailyTokenBudget int64
+	// Quota bounds the tenant on the shared brain; zero fields take the
+	// registry's defaults (registry.DefaultQuota*).
+	Quota registry.Quota
 }
 
 // DefaultCategories are a tenant's triage categories unless its spec names
@@ -181,6 +184,7 @@ func (c *cluster) createTenant(ctx context.Context, admin, reg *pgx.Conn, t *Ten
 		ModelName:        s.ModelName,
 		ModelOptions:     s.ModelOptions,
 		DailyTokenBudget: s.DailyTokenBudget,
+		Quota:            s.Quota,
 		Rules:            s.Rules,
 	}
 	err = pgx.BeginFunc(ctx, reg, func(tx pgx.Tx) error { return registry.TenantInsert(ctx, tx, row) })

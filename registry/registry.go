@@ -59,9 +59,31 @@ type Tenant struct {
 	ModelOptions     map[string]any
 	// DailyTokenBudget caps model tokens per day (UTC); 0 means unlimited.
 	DailyTokenBudget int64
-	Rules            []Rule
-	UpdatedAt        time.Time
+	// Quota bounds the tenant on the shared brain (its streams and consumer).
+	Quota     Quota
+	Rules     []Rule
+	UpdatedAt time.Time
 }
+
+// Quota is a tenant's bounds on the shared brain, enforced by the NATS
+// server on the tenant's own streams (see nats/stream).
+type Quota struct {
+	// Turns and Bytes bound the turns in the tenant's stream, answered or
+	// not, within Window (the stream's MaxAge).
+	Turns  int64
+	Bytes  int64
+	Window time.Duration
+	// MaxInflight caps the tenant's turns in flight across brain replicas.
+	MaxInflight int
+}
+
+// Default quota of a new tenant (the registry's column defaults).
+const (
+	DefaultQuotaTurns       = 10_000
+	DefaultQuotaBytes       = 64 << 20
+	DefaultQuotaWindow      = time.Hour
+	DefaultQuotaMaxInflight = 16
+)
 
 // ActionEnabled reports whether the tenant has switched the action on.
 func (t *Tenant) ActionEnabled(n catalogue.Name) bool {
@@ -113,20 +135,23 @@ type DBTX interface {
 
 const tenantColumns = `id, nats_account, status, db_host, db_port, db_name, db_user, db_password_sealed,
 	turn_ceiling, approval_mode, approval_ttl_seconds, catalogue_version, enabled_actions, categories,
-	model_name, model_options, daily_token_budget, updated_at`
+	model_name, model_options, daily_token_budget, turn_quota_msgs, turn_quota_bytes, turn_window_seconds,
+	max_inflight, updated_at`
 
 func scanTenant(row pgx.CollectableRow) (Tenant, error) {
 	var t Tenant
-	var ttl int
+	var ttl, window int
 	var enabled []string
 	var opts []byte
 	err := row.Scan(&t.ID, &t.NATSAccount, &t.Status, &t.DB.Host, &t.DB.Port, &t.DB.Name, &t.DB.User,
 		&t.DB.PasswordSealed, &t.TurnCeiling, &t.ApprovalMode, &ttl, &t.CatalogueVersion, &enabled,
-		&t.Categories, &t.ModelName, &opts, &t.DailyTokenBudget, &t.UpdatedAt)
+		&t.Categories, &t.ModelName, &opts, &t.DailyTokenBudget, &t.Quota.Turns, &t.Quota.Bytes, &window,
+		&t.Quota.MaxInflight, &t.UpdatedAt)
 	if err != nil {
 		return t, err
 	}
 	t.ApprovalTTL = time.Duration(ttl) * time.Second
+	t.Quota.Window = time.Duration(window) * time.Second
 	for _, n := range enabled {
 		t.EnabledActions = append(t.EnabledActions, catalogue.Name(n))
 	}
@@ -200,17 +225,36 @@ func TenantInsert(ctx context.Context, q DBTX, t Tenant) error {
 	if opts == nil {
 		opts = map[string]any{}
 	}
+	qt := t.Quota.WithDefaults()
 	_, err := q.Exec(ctx, `INSERT INTO tenants (id, nats_account, status, db_host, db_port, db_name, db_user,
 		db_password_sealed, turn_ceiling, approval_mode, approval_ttl_seconds, catalogue_version, enabled_actions,
-		categories, model_name, model_options, daily_token_budget)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
+		categories, model_name, model_options, daily_token_budget, turn_quota_msgs, turn_quota_bytes,
+		turn_window_seconds, max_inflight)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)`,
 		t.ID, t.NATSAccount, t.Status, t.DB.Host, t.DB.Port, t.DB.Name, t.DB.User, t.DB.PasswordSealed,
 		t.TurnCeiling, t.ApprovalMode, int(t.ApprovalTTL/time.Second), t.CatalogueVersion, enabled,
-		t.Categories, t.ModelName, opts, t.DailyTokenBudget)
+		t.Categories, t.ModelName, opts, t.DailyTokenBudget, qt.Turns, qt.Bytes, int(qt.Window/time.Second), qt.MaxInflight)
 	if err != nil {
 		return fmt.Errorf("insert tenant %s: %w", t.ID, err)
 	}
 	return RulesReplace(ctx, q, t.ID, t.Rules)
+}
+
+// WithDefaults returns the quota with zero fields set to the defaults.
+func (q Quota) WithDefaults() Quota {
+	if q.Turns == 0 {
+		q.Turns = DefaultQuotaTurns
+	}
+	if q.Bytes == 0 {
+		q.Bytes = DefaultQuotaBytes
+	}
+	if q.Window == 0 {
+		q.Window = DefaultQuotaWindow
+	}
+	if q.MaxInflight == 0 {
+		q.MaxInflight = DefaultQuotaMaxInflight
+	}
+	return q
 }
 
 // RulesReplace replaces a tenant's triage rules (ops tooling only).

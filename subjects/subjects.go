@@ -19,52 +19,98 @@ import (
 	"strings"
 )
 
-// Stream, consumer and export names shared by the brain and the account generator.
+// The accounts of the system, besides the system account and the tenants.
+// A tenant's imports come from both; the brain's from STREAMS.
 const (
-	TurnsStream   = "TURNS"
-	ResultsStream = "RESULTS"
-	TurnsConsumer = "brain"
-
-	// APIQueue is the queue group brain replicas share for tenant API requests.
-	APIQueue = "brain"
+	// AccountStreams holds the JetStream streams of every tenant (turns and
+	// results) and nothing else: no runtime user connects to it. Keeping
+	// them out of the brain's own account means no message the brain
+	// publishes, nor any answer the server sends to a reply subject the
+	// brain chooses, can land in a tenant's stream: the brain reaches them
+	// only through imports, whose replies come back mapped.
+	AccountStreams = "STREAMS"
+	// AccountBrain is the brain replicas' account: no JetStream of its own.
+	AccountBrain = "BRAIN"
 )
 
-// Prefixes of the BRAIN account's exports. Each is followed by the importing
-// account's public key (token 3) and then by a subject-specific tail.
+// TurnsConsumer is the durable pull consumer every brain replica shares on
+// each tenant's turn stream.
+const TurnsConsumer = "brain"
+
+// APIQueue is the queue group brain replicas share for tenant API requests.
+const APIQueue = "brain"
+
+// Each tenant has its own pair of streams in the STREAMS account, named
+// after its account public key: its own limits, its own Nats-Msg-Id dedupe
+// window and its own sequence numbers, so nothing a tenant sees (PubAcks,
+// errors, headers) counts or names another tenant's messages.
+const (
+	turnsStreamPrefix   = "TURNS_"
+	resultsStreamPrefix = "RESULTS_"
+)
+
+// TurnsStream is the stream of a tenant's turns.
+func TurnsStream(account string) string { return turnsStreamPrefix + account }
+
+// ResultsStream is the stream of a tenant's replies, the last one per turn key.
+func ResultsStream(account string) string { return resultsStreamPrefix + account }
+
+// AccountOfTurnsStream returns the account of a turn stream's name.
+func AccountOfTurnsStream(stream string) (string, bool) {
+	return strings.CutPrefix(stream, turnsStreamPrefix)
+}
+
+// Prefixes of the subjects. Each is followed by a tenant's account public
+// key (token 3) and then by a subject-specific tail.
 const (
 	turnPrefix  = "brain.turn."
 	replyPrefix = "brain.reply."
-	// livePrefix carries replies to tenants live. RESULTS republishes every
-	// stored reply from brain.reply.> to brain.live.>, so a live reply
-	// always means the reply is already stored and fetchable.
+	// livePrefix carries replies to tenants live. A tenant's RESULTS stream
+	// republishes every stored reply from brain.reply.<account>.> to
+	// brain.live.<account>.>, so a live reply always means the reply is
+	// already stored and fetchable.
 	livePrefix  = "brain.live."
 	apiPrefix   = "brain.api."
 	eventPrefix = "brain.event."
-	// resultPrefix is JetStream's direct-get API on the RESULTS stream, for
-	// subjects under brain.reply.<account>.
-	resultPrefix = "$JS.API.DIRECT.GET." + ResultsStream + "." + replyPrefix
+	// directGetPrefix is JetStream's direct-get API; a tenant's result
+	// import reads its own RESULTS stream with it.
+	directGetPrefix = "$JS.API.DIRECT.GET."
 )
 
-// Export subjects (BRAIN account side), with a wildcard in the account token.
+// Subjects with a wildcard in the account token: what the exports offer,
+// what the API queue subscribes to.
 const (
 	TurnExport   = turnPrefix + "*.>"
-	ReplyExport  = replyPrefix + "*.>"
 	LiveExport   = livePrefix + "*.>"
 	APIExport    = apiPrefix + "*.>"
 	EventExport  = eventPrefix + "*.>"
-	ResultExport = resultPrefix + "*.>"
-
-	// TurnsStreamSubject is what the TURNS stream captures.
-	TurnsStreamSubject = TurnExport
-	// ResultsStreamSubject is what the RESULTS stream captures.
-	ResultsStreamSubject = ReplyExport
-	// ResultsRePublishSource and ResultsRePublishDest map stored replies to
-	// the live subjects tenants import.
-	ResultsRePublishSource = replyPrefix + ">"
-	ResultsRePublishDest   = livePrefix + ">"
+	ResultExport = directGetPrefix + "*." + replyPrefix + "*.>"
+	// ReplyAll is every reply subject, the brain's (private) reply import.
+	ReplyAll = replyPrefix + ">"
 )
 
-// Account token positions (counted from 1, as NATS counts) of each export.
+// The consumer API and acknowledgements of the turn consumers, exported by
+// STREAMS to the BRAIN account only (activation tokens): pull the next
+// turns, read the consumer (to bind to it), and acknowledge. Nothing that
+// creates, changes or deletes a stream or a consumer.
+//
+// The BRAIN account imports the two API subjects under StreamsAPIPrefix
+// (its own $JS.API would be answered "JetStream not enabled" by the server,
+// since the account has none); acknowledgements keep their subjects, which
+// are the reply subjects of the messages the brain receives.
+const (
+	ConsumerNext = "$JS.API.CONSUMER.MSG.NEXT.*." + TurnsConsumer
+	ConsumerInfo = "$JS.API.CONSUMER.INFO.*." + TurnsConsumer
+	ConsumerAck  = "$JS.ACK.*." + TurnsConsumer + ".>"
+
+	// StreamsAPIPrefix is the brain's JetStream API prefix
+	// (jetstream.NewWithAPIPrefix): its imports map it to STREAMS' $JS.API.
+	StreamsAPIPrefix  = "streams.api"
+	ConsumerNextLocal = StreamsAPIPrefix + ".CONSUMER.MSG.NEXT.*." + TurnsConsumer
+	ConsumerInfoLocal = StreamsAPIPrefix + ".CONSUMER.INFO.*." + TurnsConsumer
+)
+
+// Account token positions (counted from 1, as NATS counts) of the exports.
 const (
 	AccountTokenPosition       = 3
 	ResultAccountTokenPosition = 8
@@ -86,13 +132,16 @@ const (
 	APIApprovalDecide = "approval.decide"
 	APIEventAck       = "event.ack"
 	APIReport         = "report.outcomes"
+	APITenantLimits   = "tenant.limits"
 )
 
-// Import describes one import a tenant account needs: the BRAIN subject for
-// that account and the local subject it is mapped to.
+// Import describes one import: the exporting account's subject (for a
+// tenant, with its account key in the token position), the local subject it
+// is mapped to ("" keeps the subject), and which account exports it.
 type Import struct {
 	Name      string
-	Subject   string // with the tenant's account key in the token position
+	From      string // AccountStreams or AccountBrain
+	Subject   string
 	Local     string
 	IsService bool
 }
@@ -100,32 +149,74 @@ type Import struct {
 // TenantImports lists every import a tenant account must have, in one place.
 func TenantImports(account string) []Import {
 	return []Import{
-		{Name: "turns", Subject: turnPrefix + account + ".>", Local: LocalTurn + ">", IsService: true},
-		{Name: "replies", Subject: livePrefix + account + ".>", Local: LocalReply + ">"},
-		{Name: "results", Subject: resultPrefix + account + ".>", Local: LocalResult + ">", IsService: true},
-		{Name: "api", Subject: apiPrefix + account + ".>", Local: LocalAPI + ">", IsService: true},
-		{Name: "events", Subject: eventPrefix + account + ".>", Local: LocalEvent + ">"},
+		{Name: "turns", From: AccountStreams, Subject: turnPrefix + account + ".>", Local: LocalTurn + ">", IsService: true},
+		{Name: "replies", From: AccountStreams, Subject: livePrefix + account + ".>", Local: LocalReply + ">"},
+		{Name: "results", From: AccountStreams, Subject: directGetPrefix + ResultsStream(account) + "." + replyPrefix + account + ".>",
+			Local: LocalResult + ">", IsService: true},
+		{Name: "api", From: AccountBrain, Subject: apiPrefix + account + ".>", Local: LocalAPI + ">", IsService: true},
+		{Name: "events", From: AccountBrain, Subject: eventPrefix + account + ".>", Local: LocalEvent + ">"},
 	}
 }
 
-// Export describes one export of the BRAIN account.
+// BrainImports lists the BRAIN account's imports from STREAMS, each
+// authorised by an activation token (the exports are private).
+func BrainImports() []Import {
+	return []Import{
+		{Name: "turn-next", From: AccountStreams, Subject: ConsumerNext, Local: ConsumerNextLocal, IsService: true},
+		{Name: "turn-info", From: AccountStreams, Subject: ConsumerInfo, Local: ConsumerInfoLocal, IsService: true},
+		{Name: "turn-ack", From: AccountStreams, Subject: ConsumerAck, IsService: true},
+		{Name: "replies", From: AccountStreams, Subject: ReplyAll, IsService: true},
+	}
+}
+
+// Export describes one export. A public export has an account token
+// position: the server installs only an import whose token is the importing
+// account's own key. A private one needs an activation token from the
+// exporting account for each importer.
 type Export struct {
 	Name          string
 	Subject       string
-	TokenPosition uint
+	TokenPosition uint // 0 for a private export
 	IsService     bool
+	Private       bool
+	// Streamed marks a service whose one request gets many responses (a
+	// pull request gets every message of its batch and heartbeats).
+	Streamed bool
+}
+
+// StreamsExports lists every export of the STREAMS account, in one place.
+func StreamsExports() []Export {
+	return []Export{
+		{Name: "turns", Subject: TurnExport, TokenPosition: AccountTokenPosition, IsService: true},
+		{Name: "replies", Subject: LiveExport, TokenPosition: AccountTokenPosition},
+		{Name: "results", Subject: ResultExport, TokenPosition: ResultAccountTokenPosition, IsService: true},
+		{Name: "turn-next", Subject: ConsumerNext, IsService: true, Private: true, Streamed: true},
+		{Name: "turn-info", Subject: ConsumerInfo, IsService: true, Private: true},
+		{Name: "turn-ack", Subject: ConsumerAck, IsService: true, Private: true},
+		{Name: "reply-store", Subject: ReplyAll, IsService: true, Private: true},
+	}
 }
 
 // BrainExports lists every export of the BRAIN account, in one place.
 func BrainExports() []Export {
 	return []Export{
-		{Name: "turns", Subject: TurnExport, TokenPosition: AccountTokenPosition, IsService: true},
-		{Name: "replies", Subject: LiveExport, TokenPosition: AccountTokenPosition},
-		{Name: "results", Subject: ResultExport, TokenPosition: ResultAccountTokenPosition, IsService: true},
 		{Name: "api", Subject: APIExport, TokenPosition: AccountTokenPosition, IsService: true},
 		{Name: "events", Subject: EventExport, TokenPosition: AccountTokenPosition},
 	}
 }
+
+// ExportsOf returns the exports of an account (AccountStreams or AccountBrain).
+func ExportsOf(acc string) []Export {
+	if acc == AccountStreams {
+		return StreamsExports()
+	}
+	return BrainExports()
+}
+
+// Stream subjects of a tenant's streams in STREAMS.
+func TurnsStreamSubject(account string) string   { return turnPrefix + account + ".>" }
+func ResultsStreamSubject(account string) string { return replyPrefix + account + ".>" }
+func LiveSubjects(account string) string         { return livePrefix + account + ".>" }
 
 // TurnKey derives the NATS token for a turn from the idempotency key (work
 // item id, turn number). Work item ids are arbitrary strings from n8n (e-mail
@@ -170,8 +261,11 @@ func Live(account, key string) string { return livePrefix + account + "." + key 
 // Event is the subject the brain publishes a tenant event on.
 func Event(account, eventID string) string { return eventPrefix + account + "." + eventID }
 
-// APIQueueSubject is what brain replicas subscribe to for tenant API calls.
+// APIQueueSubject is every tenant's API subjects (tests stand in for the brain with it).
 func APIQueueSubject() string { return APIExport }
+
+// APISubject is one tenant's API subjects, as a brain replica subscribes to them.
+func APISubject(account string) string { return apiPrefix + account + ".>" }
 
 // TurnLocal is the subject a tenant's edge publishes a turn on.
 func TurnLocal(key string) string { return LocalTurn + key }

@@ -53,20 +53,25 @@ func TestParseTurn(t *testing.T) {
 }
 
 // Every import a tenant gets is pinned to its own key in the export's
-// token position, and every export has an import.
+// token position, every public export has a tenant import, and every
+// private export is imported by the brain.
 func TestImportsMatchExports(t *testing.T) {
 	t.Parallel()
 	acc := "A" + strings.Repeat("C", 55)
-	exports := map[string]Export{}
-	for _, e := range BrainExports() {
-		exports[e.Name] = e
+	public := map[string]Export{}
+	for _, from := range []string{AccountStreams, AccountBrain} {
+		for _, e := range ExportsOf(from) {
+			if !e.Private {
+				public[from+"/"+e.Name] = e
+			}
+		}
 	}
 	for _, im := range TenantImports(acc) {
-		e, ok := exports[im.Name]
+		e, ok := public[im.From+"/"+im.Name]
 		if !ok {
-			t.Fatalf("import %s has no export", im.Name)
+			t.Fatalf("import %s has no public export in %s", im.Name, im.From)
 		}
-		delete(exports, im.Name)
+		delete(public, im.From+"/"+im.Name)
 		toks := strings.Split(im.Subject, ".")
 		if int(e.TokenPosition) > len(toks) || toks[e.TokenPosition-1] != acc {
 			t.Errorf("import %s: token %d of %q is not the tenant's key", im.Name, e.TokenPosition, im.Subject)
@@ -75,7 +80,22 @@ func TestImportsMatchExports(t *testing.T) {
 			t.Errorf("import %s: service/stream mismatch", im.Name)
 		}
 	}
-	if len(exports) != 0 {
-		t.Errorf("exports without imports: %v", exports)
+	if len(public) != 0 {
+		t.Errorf("public exports without tenant imports: %v", public)
+	}
+	private := map[string]Export{}
+	for _, e := range StreamsExports() {
+		if e.Private {
+			private[e.Subject] = e
+		}
+	}
+	for _, im := range BrainImports() {
+		if _, ok := private[im.Subject]; !ok || im.From != AccountStreams {
+			t.Errorf("brain import %s (%s) is not a private export of STREAMS", im.Name, im.Subject)
+		}
+		delete(private, im.Subject)
+	}
+	if len(private) != 0 {
+		t.Errorf("private exports the brain does not import: %v", private)
 	}
 }

@@ -538,7 +538,7 @@ func TestApprovalsAreTenantScoped(t *testing.T) {
 	// An attacker account whose JWT imports A's API and events with A's key.
 	brainPub := s.stack.Brain.Public
 	enc := s.attacker("evil-events", func(ac *jwt.AccountClaims) {
-		ac.Imports = account.ImportsFor(a.Account.Public, brainPub)
+		ac.Imports = account.ImportsFor(a.Account.Public, brainPub, s.stack.StreamsAccount.Public)
 		ac.Imports.Add(&jwt.Import{Name: "wild-events", Account: brainPub, Subject: "brain.event.*.>", LocalSubject: "wev.*.>", Type: jwt.Stream})
 	})
 	if _, err := enc.Request("api.approval.list", []byte(`{}`), 2*time.Second); !errors.Is(err, nats.ErrNoResponders) {

@@ -35,6 +35,7 @@ import (
 	"n8nbrain/brain"
 	"n8nbrain/deploy/devstack"
 	"n8nbrain/nats/account"
+	"n8nbrain/registry"
 	"n8nbrain/subjects"
 )
 
@@ -67,7 +68,10 @@ type benchStack struct {
 func newBenchStack(b *testing.B) *benchStack {
 	b.Helper()
 	s := newSystem(b)
-	tn := s.tenant(spec("bench"))
+	sp := spec("bench")
+	// A benchmark submits far more turns than a tenant's default quota.
+	sp.Quota = registry.Quota{Turns: 10_000_000, Bytes: 64 << 30}
+	tn := s.tenant(sp)
 	nc := s.tenantConn(tn)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -92,11 +96,7 @@ func (bs *benchStack) start() {
 // decides the floor's messages.
 func (bs *benchStack) purgeTurns(b *testing.B) {
 	b.Helper()
-	js, err := jetstream.New(bs.s.brainConn())
-	if err != nil {
-		b.Fatal(err)
-	}
-	st, err := js.Stream(context.Background(), subjects.TurnsStream)
+	st, err := bs.s.stack.Streams.JS.Stream(context.Background(), subjects.TurnsStream(bs.tn.Account.Public))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func (bs *benchStack) jetStreamFloor() op {
 		ack, err := bs.js.PublishMsg(ctx, msg, jetstream.WithMsgID(key+".floor"),
 			jetstream.WithExpectLastSequencePerSubject(0), jetstream.WithRetryAttempts(0))
 		d := time.Since(t0)
-		if err == nil && (ack.Duplicate || ack.Stream != subjects.TurnsStream) {
+		if err == nil && (ack.Duplicate || ack.Stream != subjects.TurnsStream(bs.tn.Account.Public)) {
 			err = fmt.Errorf("unexpected PubAck %+v", ack)
 		}
 		return d, err

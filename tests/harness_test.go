@@ -20,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"n8nbrain/brain"
 	"n8nbrain/catalogue"
@@ -56,17 +55,18 @@ func newSystem(t testing.TB) *system {
 	logs := &logSink{}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	streams := stream.Config{AckWait: 2 * time.Second}
 	st, err := devstack.Start(ctx, devstack.Config{
 		Dir:      t.TempDir(),
 		AdminURL: adminURL,
 		Prefix:   prefix,
+		Streams:  streams,
 		Logger:   slog.New(logs.handler()),
 	})
 	if err != nil {
 		t.Fatalf("start stack: %v", err)
 	}
-	s := &system{t: t, adminURL: adminURL, stack: st, logs: logs,
-		streams: stream.Config{AckWait: 2 * time.Second, MaxAge: 10 * time.Minute}}
+	s := &system{t: t, adminURL: adminURL, stack: st, logs: logs, streams: streams}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("system logs:\n%s", logs)
@@ -78,15 +78,6 @@ func newSystem(t testing.TB) *system {
 			t.Errorf("drop test databases: %v", err)
 		}
 	})
-	// Streams exist before any edge publishes, whatever order tests start things in.
-	nc := s.brainConn()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Ensure(ctx, js, s.streams); err != nil {
-		t.Fatalf("ensure streams: %v", err)
-	}
 	return s
 }
 
@@ -133,7 +124,6 @@ func (s *system) tenant(sp provision.TenantSpec) *devstack.Tenant {
 func (s *system) startBrain(replica string, mutate func(*brain.Config)) (stop func()) {
 	s.t.Helper()
 	cfg := s.stack.BrainConfig(replica)
-	cfg.Streams = s.streams
 	cfg.RegistryRefresh = time.Second
 	if mutate != nil {
 		mutate(&cfg)

@@ -122,7 +122,7 @@ func TestModelAssessesAndDrafts(t *testing.T) {
 	if n := labelled(t, ops, "brain_model_tokens_total"+tenant); n != 412+31+388+57 {
 		t.Fatalf("brain_model_tokens_total = %d", n)
 	}
-	if n := labelled(t, ops, fmt.Sprintf(`brain_model_calls_total{tenant=%q,outcome="ok"}`, a.ID)); n != 2 {
+	if n := labelled(t, ops, fmt.Sprintf(`brain_model_calls_total{outcome="ok",tenant=%q}`, a.ID)); n != 2 {
 		t.Fatalf("brain_model_calls_total ok = %d", n)
 	}
 	// A replay answers from the database: no model call.
@@ -645,13 +645,13 @@ func TestModelDownDegradesAndRecovers(t *testing.T) {
 	if got := ledgerString(ledger(t, db, "<hang@x>")); got != "classify:timeout" {
 		t.Fatalf("hang ledger %s", got)
 	}
-	if n := labelled(t, ops, fmt.Sprintf(`brain_model_calls_total{tenant=%q,outcome="error"}`, a.ID)); n != 4 {
+	if n := labelled(t, ops, fmt.Sprintf(`brain_model_calls_total{outcome="error",tenant=%q}`, a.ID)); n != 4 {
 		t.Fatalf("error calls = %d, want 4", n)
 	}
-	if n := labelled(t, ops, fmt.Sprintf(`brain_model_calls_total{tenant=%q,outcome="timeout"}`, a.ID)); n != 1 {
+	if n := labelled(t, ops, fmt.Sprintf(`brain_model_calls_total{outcome="timeout",tenant=%q}`, a.ID)); n != 1 {
 		t.Fatalf("timeout calls = %d, want 1", n)
 	}
-	if n := labelled(t, ops, fmt.Sprintf(`brain_model_escalations_total{tenant=%q,reason="model_unavailable"}`, a.ID)); n < 4 {
+	if n := labelled(t, ops, fmt.Sprintf(`brain_model_escalations_total{reason="model_unavailable",tenant=%q}`, a.ID)); n < 4 {
 		t.Fatalf("model_unavailable escalations = %d, want at least 4", n)
 	}
 	assertNoEmailInLogs(t, s, emails...)

@@ -117,14 +117,18 @@ func TestForgedImportsReachNothing(t *testing.T) {
 	// The attacker controls its own account (signed by the operator, as
 	// onboarding would) and writes imports naming tenant A's key, and
 	// wildcards, in the account token position.
-	brainPub := s.stack.Brain.Public
+	brainPub, streamsPub := s.stack.Brain.Public, s.stack.StreamsAccount.Public
 	enc := s.attacker("evil", func(ac *jwt.AccountClaims) {
-		ac.Imports = account.ImportsFor(a.Account.Public, brainPub) // A's key, A's local names
+		ac.Imports = account.ImportsFor(a.Account.Public, brainPub, streamsPub) // A's key, A's local names
 		ac.Imports.Add(
-			&jwt.Import{Name: "wild-turns", Account: brainPub, Subject: "brain.turn.*.>", LocalSubject: "wturn.*.>", Type: jwt.Service},
-			&jwt.Import{Name: "wild-replies", Account: brainPub, Subject: "brain.reply.*.>", LocalSubject: "wreply.*.>", Type: jwt.Stream},
-			&jwt.Import{Name: "wild-live", Account: brainPub, Subject: "brain.live.*.>", LocalSubject: "wlive.*.>", Type: jwt.Stream},
-			&jwt.Import{Name: "wild-results", Account: brainPub, Subject: "$JS.API.DIRECT.GET.RESULTS.brain.reply.*.>", LocalSubject: "wresult.*.>", Type: jwt.Service},
+			&jwt.Import{Name: "wild-turns", Account: streamsPub, Subject: "brain.turn.*.>", LocalSubject: "wturn.*.>", Type: jwt.Service},
+			&jwt.Import{Name: "wild-replies", Account: streamsPub, Subject: "brain.reply.*.>", LocalSubject: "wreply.*.>", Type: jwt.Stream},
+			&jwt.Import{Name: "wild-live", Account: streamsPub, Subject: "brain.live.*.>", LocalSubject: "wlive.*.>", Type: jwt.Stream},
+			&jwt.Import{Name: "wild-results", Account: streamsPub, Subject: "$JS.API.DIRECT.GET.*.brain.reply.*.>", LocalSubject: "wresult.*.*.>", Type: jwt.Service},
+			// The private exports, without the activation token only the
+			// BRAIN account holds: pulling A's turns, storing A's replies.
+			&jwt.Import{Name: "steal-next", Account: streamsPub, Subject: subjects.ConsumerNext, Type: jwt.Service},
+			&jwt.Import{Name: "forge-reply", Account: streamsPub, Subject: subjects.ReplyAll, Type: jwt.Service},
 		)
 	})
 	// Everything the attacker's account can receive while A's turn is
@@ -158,7 +162,10 @@ func TestForgedImportsReachNothing(t *testing.T) {
 		t.Fatalf("the forged account received %d messages: %v", len(seen), seen)
 	}
 
-	for _, subj := range []string{subjects.TurnLocal(key), subjects.ResultLocal(key), "wturn." + a.Account.Public + "." + key, "wresult." + a.Account.Public + "." + key, subjects.APILocal(subjects.APIApprovalList)} {
+	for _, subj := range []string{subjects.TurnLocal(key), subjects.ResultLocal(key), "wturn." + a.Account.Public + "." + key,
+		"wresult." + subjects.ResultsStream(a.Account.Public) + "." + a.Account.Public + "." + key, subjects.APILocal(subjects.APIApprovalList),
+		"$JS.API.CONSUMER.MSG.NEXT." + subjects.TurnsStream(a.Account.Public) + "." + subjects.TurnsConsumer,
+		subjects.Reply(a.Account.Public, key)} {
 		_, err := enc.Request(subj, []byte(`{}`), 2*time.Second)
 		if !errors.Is(err, nats.ErrNoResponders) {
 			t.Errorf("forged request on %s: got %v, want no responders", subj, err)
@@ -237,9 +244,10 @@ func TestSameKeyDifferentPayloadIsRejected(t *testing.T) {
 	}
 
 	// Age the turn out of TURNS and RESULTS: only the database guards now.
-	js, _ := jetstream.New(s.brainConn())
+	js := s.stack.Streams.JS
 	key := subjects.TurnKey(req.WorkItemID, 1)
-	for name, subj := range map[string]string{subjects.TurnsStream: subjects.Turn(a.Account.Public, key), subjects.ResultsStream: subjects.Reply(a.Account.Public, key)} {
+	for name, subj := range map[string]string{subjects.TurnsStream(a.Account.Public): subjects.Turn(a.Account.Public, key),
+		subjects.ResultsStream(a.Account.Public): subjects.Reply(a.Account.Public, key)} {
 		st, err := js.Stream(context.Background(), name)
 		if err != nil {
 			t.Fatal(err)
@@ -405,7 +413,7 @@ func TestMissedReplyIsFetchedFromResults(t *testing.T) {
 		t.Fatalf("want 202, got %d %s", r.Status, r.Body)
 	}
 	loc := r.Header.Get("Location")
-	if want := "/v1/turns/" + subjects.TurnKey(req.WorkItemID, 1); loc != want {
+	if want := "/v1/turns/" + subjects.TurnKey(req.WorkItemID, 1) + "?fingerprint=" + wire.Fingerprint(req); loc != want {
 		t.Fatalf("Location %q, want %q", loc, want)
 	}
 	// The live reply is published while nobody waits for it.
@@ -419,9 +427,26 @@ func TestMissedReplyIsFetchedFromResults(t *testing.T) {
 	if rep.WorkItemID != req.WorkItemID || rep.Action == nil || rep.Action.Name != "draft_reply" {
 		t.Fatalf("fetched %+v", rep)
 	}
+	// Nobody had this decision before: its first delivery is not a replay;
+	// every later one is.
+	if rep.Replayed {
+		t.Fatalf("the first delivery after a 202 says replayed: %s", got.Body)
+	}
+	again := ea.do(http.MethodGet, loc, nil)
+	if rep2 := again.reply(t); !rep2.Replayed {
+		t.Fatalf("the second fetch is not marked replayed: %s", again.Body)
+	}
 	// Re-submitting is safe: the stored decision, not a second one.
-	if again := ea.submit(req); !bytes.Equal(again.Body, got.Body) {
-		t.Fatalf("resubmission differs from fetched result:\n%s\n%s", again.Body, got.Body)
+	if resub := ea.submit(req); !bytes.Equal(resub.Body, again.Body) {
+		t.Fatalf("resubmission differs from fetched result:\n%s\n%s", resub.Body, again.Body)
+	}
+	// A client whose payload lost the key gets what a POST would answer:
+	// 409, never the decision made for other content.
+	other := quoteEmail(req.WorkItemID)
+	other.Email.Body = "someone else's e-mail under the same work item and turn"
+	if e := ea.do(http.MethodGet, "/v1/turns/"+subjects.TurnKey(req.WorkItemID, 1)+"?fingerprint="+wire.Fingerprint(other), nil).
+		error(t, http.StatusConflict); e.Reason != wire.ReasonIdempotencyKeyReused {
+		t.Fatalf("GET with another payload's fingerprint: %+v", e)
 	}
 	if n := count(t, s.tenantDB(a), `SELECT count(*) FROM decisions`); n != 1 {
 		t.Fatalf("%d decisions, want 1", n)
@@ -553,7 +578,7 @@ func TestDisabledTenantIsRefused(t *testing.T) {
 	}
 
 	// An account that passed NATS onboarding but has no registry row.
-	ghost, err := s.stack.Operator.TenantAccount("ghost", nil, s.stack.Brain.Public)
+	ghost, err := s.stack.Operator.TenantAccount("ghost", nil, s.stack.Brain.Public, s.stack.StreamsAccount.Public)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -565,8 +590,11 @@ func TestDisabledTenantIsRefused(t *testing.T) {
 	if err := writeFile(path, creds); err != nil {
 		t.Fatal(err)
 	}
-	ge := s.startEdge(&devstack.Tenant{ID: "ghost", EdgeCreds: path, Token: a.Token}, nil)
-	if e := ge.submit(quoteEmail("<g@x>")).error(t, http.StatusForbidden); e.Reason != wire.ReasonUnknownTenant {
+	// Its turns have no stream to land in (provisioning creates a tenant's
+	// streams with its registry row): a 503 that says so, after the edge's
+	// publish retries.
+	ge := s.startEdge(&devstack.Tenant{ID: "ghost", EdgeCreds: path, Token: a.Token}, func(c *edge.Config) { c.PublishTimeout = time.Second })
+	if e := ge.submit(quoteEmail("<g@x>")).error(t, http.StatusServiceUnavailable); e.Reason != wire.ReasonNotProvisioned {
 		t.Fatalf("got %+v", e)
 	}
 }

@@ -35,6 +35,8 @@ const (
 	ReasonPending              = "decision_pending"
 	ReasonAlreadyResolved      = "already_resolved"
 	ReasonApprovalExpired      = "approval_expired"
+	ReasonTenantQuotaExceeded  = "tenant_quota_exceeded"
+	ReasonNotProvisioned       = "tenant_not_provisioned"
 )
 
 // Error is the application error: a stable code, an optional reason and a

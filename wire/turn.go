@@ -170,12 +170,20 @@ func EncodeReply(r *TurnSubmitReply) ([]byte, error) {
 
 // MarkReplayed returns a stored reply with replayed set to true. Every replay
 // of the same stored reply is byte-identical.
-func MarkReplayed(stored []byte) ([]byte, error) {
+func MarkReplayed(stored []byte) ([]byte, error) { return SetReplayed(stored, true) }
+
+// SetReplayed returns a stored reply with replayed set as given: false for
+// the first delivery of a decision that was stored before anyone saw it (a
+// decision fetched after a 202), true for every repeat.
+func SetReplayed(stored []byte, replayed bool) ([]byte, error) {
 	var r TurnSubmitReply
 	if err := json.Unmarshal(stored, &r); err != nil {
 		return nil, fmt.Errorf("decode stored reply: %w", err)
 	}
-	r.Replayed = true
+	if r.Replayed == replayed {
+		return stored, nil // already says so: the brain's own bytes
+	}
+	r.Replayed = replayed
 	return EncodeReply(&r)
 }
 

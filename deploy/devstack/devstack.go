@@ -17,10 +17,14 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"n8nbrain/brain"
 	"n8nbrain/edge"
 	"n8nbrain/nats/account"
 	"n8nbrain/nats/embed"
+	"n8nbrain/nats/stream"
 	"n8nbrain/provision"
 	"n8nbrain/registry"
 )
@@ -36,20 +40,29 @@ type Config struct {
 	NATSHost   string // default 127.0.0.1
 	NATSPort   int    // default: a free port
 	SyncAlways bool
-	Logger     *slog.Logger
+	// Streams is what every tenant's streams share (ack wait, storage).
+	Streams stream.Config
+	Logger  *slog.Logger
 }
 
 // Stack is a running NATS server plus provisioning.
 type Stack struct {
-	cfg         Config
-	log         *slog.Logger
-	NATS        *embed.Server
-	Operator    *account.Operator
-	Brain       *account.Account
-	BrainCreds  string
-	Ops         *provision.Ops
-	RegistryURL string
-	SealingKey  []byte
+	cfg        Config
+	log        *slog.Logger
+	NATS       *embed.Server
+	Operator   *account.Operator
+	Brain      *account.Account
+	BrainCreds string
+	// StreamsAccount holds every tenant's streams (subjects.AccountStreams).
+	StreamsAccount *account.Account
+	// ProvisionerCreds is the STREAMS account provisioner's .creds; Streams
+	// creates tenants' streams with it.
+	ProvisionerCreds string
+	Streams          *provision.Streams
+	provisioner      *nats.Conn
+	Ops              *provision.Ops
+	RegistryURL      string
+	SealingKey       []byte
 	// IDs are the stack's NATS identities and secrets, kept in Dir.
 	IDs *Identities
 }
@@ -64,7 +77,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Stack{cfg: cfg, log: cfg.Logger, IDs: ids, Operator: ids.Operator, Brain: ids.Brain}
+	s := &Stack{cfg: cfg, log: cfg.Logger, IDs: ids, Operator: ids.Operator, Brain: ids.Brain, StreamsAccount: ids.Streams}
 	if err := s.startNATS(); err != nil {
 		return nil, err
 	}
@@ -108,8 +121,23 @@ func (s *Stack) startNATS() error {
 		return err
 	}
 	s.NATS = srv
-	s.BrainCreds, err = s.IDs.WriteBrainCreds()
-	return err
+	if s.BrainCreds, err = s.IDs.WriteBrainCreds(); err != nil {
+		return err
+	}
+	if s.ProvisionerCreds, err = s.IDs.WriteProvisionerCreds(); err != nil {
+		return err
+	}
+	s.provisioner, err = nats.Connect(srv.ClientURL(), nats.UserCredentials(s.ProvisionerCreds), nats.Name("provisioner"),
+		nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect the stream provisioner: %w", err)
+	}
+	js, err := jetstream.New(s.provisioner)
+	if err != nil {
+		return err
+	}
+	s.Streams = &provision.Streams{JS: js, Config: s.cfg.Streams}
+	return nil
 }
 
 // Tenant is a tenant of the stack with what its edge needs.
@@ -123,17 +151,21 @@ type Tenant struct {
 }
 
 // AddTenant creates a tenant end to end: NATS account (pushed to the
-// running server), database, roles, grants, migrations, registry row, edge
-// creds and edge token. spec.NATSAccount is filled in.
+// running server), database, roles, grants, migrations, registry row, its
+// streams and consumer, edge creds and edge token. spec.NATSAccount is
+// filled in.
 func (s *Stack) AddTenant(ctx context.Context, spec provision.TenantSpec) (*Tenant, error) {
 	name := string(spec.ID)
-	acc, err := s.Operator.TenantAccount(name, nil, s.Brain.Public)
+	acc, err := s.Operator.TenantAccount(name, nil, s.Brain.Public, s.StreamsAccount.Public)
 	if err != nil {
 		return nil, err
 	}
 	spec.NATSAccount = acc.Public
 	db, err := s.Ops.CreateTenant(ctx, spec)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.Streams.EnsureTenant(ctx, &registry.Tenant{ID: spec.ID, NATSAccount: acc.Public, Quota: db.Spec.Quota}); err != nil {
 		return nil, err
 	}
 	if err := s.NATS.PutAccount(acc.Public, acc.JWT); err != nil {
@@ -191,6 +223,9 @@ func (s *Stack) EdgeConfig(t *Tenant) edge.Config {
 // Close stops NATS. Databases stay (the dev stack reuses them; tests drop
 // theirs with provision.Ops.DropPrefixed).
 func (s *Stack) Close() {
+	if s.provisioner != nil {
+		s.provisioner.Close()
+	}
 	if s.NATS != nil {
 		s.NATS.Stop()
 	}

@@ -28,6 +28,7 @@ type Identities struct {
 
 	Operator *account.Operator
 	System   *account.Account
+	Streams  *account.Account
 	Brain    *account.Account
 }
 
@@ -35,6 +36,7 @@ type Identities struct {
 type keyFile struct {
 	Operator         string            `json:"operator"`
 	System           string            `json:"system"`
+	Streams          string            `json:"streams"`
 	Brain            string            `json:"brain"`
 	Tenants          map[string]string `json:"tenants"`
 	EdgeTokens       map[string]string `json:"edge_tokens"`
@@ -69,14 +71,19 @@ func LoadIdentities(dir string) (*Identities, error) {
 	if err != nil {
 		return nil, err
 	}
-	br, err := op.BrainAccount([]byte(id.keys.Brain))
+	st, err := op.StreamsAccount([]byte(id.keys.Streams))
 	if err != nil {
 		return nil, err
 	}
-	id.Operator, id.System, id.Brain = op, sys, br
+	br, err := op.BrainAccount([]byte(id.keys.Brain), st)
+	if err != nil {
+		return nil, err
+	}
+	id.Operator, id.System, id.Streams, id.Brain = op, sys, st, br
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	for dst, seeder := range map[*string]interface{ Seed() ([]byte, error) }{&id.keys.Operator: op, &id.keys.System: sys, &id.keys.Brain: br} {
+	for dst, seeder := range map[*string]interface{ Seed() ([]byte, error) }{&id.keys.Operator: op, &id.keys.System: sys,
+		&id.keys.Streams: st, &id.keys.Brain: br} {
 		seed, err := seeder.Seed()
 		if err != nil {
 			return nil, err
@@ -152,7 +159,8 @@ func (id *Identities) secrets() keyFile {
 }
 
 // TenantAccount returns the account of a tenant whose seed is kept, signed
-// with its imports of the BRAIN account; ok is false when none is kept.
+// with its imports of the STREAMS and BRAIN accounts; ok is false when none
+// is kept.
 func (id *Identities) TenantAccount(name string) (acc *account.Account, ok bool, err error) {
 	id.mu.Lock()
 	seed, ok := id.keys.Tenants[name]
@@ -160,7 +168,7 @@ func (id *Identities) TenantAccount(name string) (acc *account.Account, ok bool,
 	if !ok {
 		return nil, false, nil
 	}
-	acc, err = id.Operator.TenantAccount(name, []byte(seed), id.Brain.Public)
+	acc, err = id.Operator.TenantAccount(name, []byte(seed), id.Brain.Public, id.Streams.Public)
 	if err != nil {
 		return nil, true, fmt.Errorf("tenant account %s: %w", name, err)
 	}
@@ -179,10 +187,10 @@ func (id *Identities) keepTenant(name string, acc *account.Account, token string
 	})
 }
 
-// Accounts returns every account JWT by public key: SYS, BRAIN and each kept
-// tenant, what a server's resolver must know.
+// Accounts returns every account JWT by public key: SYS, STREAMS, BRAIN and
+// each kept tenant, what a server's resolver must know.
 func (id *Identities) Accounts() (map[string]string, error) {
-	accounts := map[string]string{id.System.Public: id.System.JWT, id.Brain.Public: id.Brain.JWT}
+	accounts := map[string]string{id.System.Public: id.System.JWT, id.Streams.Public: id.Streams.JWT, id.Brain.Public: id.Brain.JWT}
 	id.mu.Lock()
 	names := slices.Sorted(maps.Keys(id.keys.Tenants))
 	id.mu.Unlock()
@@ -204,6 +212,18 @@ func (id *Identities) WriteBrainCreds() (string, error) {
 		return "", err
 	}
 	path := filepath.Join(id.dir, "creds", "brain.creds")
+	return path, writeFileAtomic(path, creds, 0o600)
+}
+
+// WriteProvisionerCreds writes a STREAMS account provisioner's .creds file
+// (Dir/creds/provisioner.creds), the ops tooling's identity for creating
+// and deleting tenants' streams, and returns its path.
+func (id *Identities) WriteProvisionerCreds() (string, error) {
+	creds, err := account.UserCreds(id.Streams, "provisioner", account.RoleProvisioner)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(id.dir, "creds", "provisioner.creds")
 	return path, writeFileAtomic(path, creds, 0o600)
 }
 

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"n8nbrain/nats/account"
 	"n8nbrain/nats/conf"
@@ -68,13 +70,14 @@ type InitOptions struct {
 
 // Paths in the state volume, relative to its root. compose.yaml names them.
 const (
-	InitNATSConf       = "nats/nats.conf"
-	InitBrainCreds     = "creds/brain.creds"
-	InitEdgeToken      = "edge/client-zero.token"
-	InitWebhookSecret  = "edge/webhook_secret"
-	InitReviewers      = "edge/reviewers"
-	InitN8NCredentials = "n8n/credentials.json"
-	InitEdgeCreds      = "creds/client-zero-edge.creds"
+	InitNATSConf         = "nats/nats.conf"
+	InitBrainCreds       = "creds/brain.creds"
+	InitProvisionerCreds = "creds/provisioner.creds"
+	InitEdgeToken        = "edge/client-zero.token"
+	InitWebhookSecret    = "edge/webhook_secret"
+	InitReviewers        = "edge/reviewers"
+	InitN8NCredentials   = "n8n/credentials.json"
+	InitEdgeCreds        = "creds/client-zero-edge.creds"
 )
 
 // The n8n credentials the example workflow (deploy/n8n/workflow.json) uses,
@@ -202,18 +205,21 @@ func (o InitOptions) validate() error {
 
 // InitResult is what Init wrote.
 type InitResult struct {
-	Tenant       registry.TenantID
-	TenantNATS   string // the tenant's NATS account public key
-	BrainNATS    string // the BRAIN account's public key
-	CreatedNow   bool   // the tenant was provisioned by this run
-	RegistryURL  string // the registry reader's URL (password included)
-	NATSConf     string
-	BrainCreds   string
-	EdgeCreds    string
-	EdgeToken    string
-	Reviewers    string
-	Webhook      string
-	N8NCredsFile string
+	Tenant      registry.TenantID
+	TenantNATS  string // the tenant's NATS account public key
+	BrainNATS   string // the BRAIN account's public key
+	CreatedNow  bool   // the tenant was provisioned by this run
+	RegistryURL string // the registry reader's URL (password included)
+	NATSConf    string
+	BrainCreds  string
+	// ProvisionerCreds is the STREAMS provisioner's .creds, with which
+	// `devstack streams` creates the tenants' streams once NATS runs.
+	ProvisionerCreds string
+	EdgeCreds        string
+	EdgeToken        string
+	Reviewers        string
+	Webhook          string
+	N8NCredsFile     string
 }
 
 // Init prepares the state the compose services share, idempotently: it
@@ -294,6 +300,9 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 		return nil, fmt.Errorf("nats config: %w", err)
 	}
 	if res.BrainCreds, err = ids.WriteBrainCreds(); err != nil {
+		return nil, err
+	}
+	if res.ProvisionerCreds, err = ids.WriteProvisionerCreds(); err != nil {
 		return nil, err
 	}
 	if res.EdgeCreds, err = ids.WriteEdgeCreds(acc); err != nil {
@@ -384,7 +393,7 @@ func ensureTenant(ctx context.Context, ops *provision.Ops, sealer *registry.Seal
 	if !kept {
 		// Keep the seed before provisioning, so a run interrupted after the
 		// registry row is written finds the same account next time.
-		if acc, err = ids.Operator.TenantAccount(name, nil, ids.Brain.Public); err != nil {
+		if acc, err = ids.Operator.TenantAccount(name, nil, ids.Brain.Public, ids.Streams.Public); err != nil {
 			return nil, false, err
 		}
 		if err := ids.keepTenant(name, acc, ids.secrets().EdgeTokens[name]); err != nil {
@@ -472,4 +481,83 @@ func InitFromEnv(ctx context.Context, getenv func(string) string, dir string, ou
 `, o.withDefaults().Dir, res.Tenant, state, res.TenantNATS, res.BrainNATS, res.NATSConf, res.BrainCreds,
 		res.EdgeCreds, res.EdgeToken, res.Reviewers, res.N8NCredsFile)
 	return err
+}
+
+// InitStreamsFromEnv is compose's second one-shot step, once NATS is up:
+// it creates (or brings in line with the registry) every tenant's streams
+// and consumer with the STREAMS provisioner's .creds that Init wrote. The
+// brain's own NATS user cannot: it has no stream administration rights.
+// INIT_NATS_URL names the server (default nats://nats:4222).
+func InitStreamsFromEnv(ctx context.Context, getenv func(string) string, dir string, out io.Writer, log *slog.Logger) error {
+	o, err := InitOptionsFromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	if dir != "" {
+		o.Dir = dir
+	}
+	o = o.withDefaults()
+	natsURL := getenv("INIT_NATS_URL")
+	if natsURL == "" {
+		natsURL = "nats://nats:4222"
+	}
+	n, err := InitStreams(ctx, o, natsURL, log)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "streams: every tenant's streams and consumer are in place (%d tenants)\n", n)
+	return err
+}
+
+// InitStreams ensures the streams of every tenant in the registry and
+// returns how many tenants there are.
+func InitStreams(ctx context.Context, o InitOptions, natsURL string, log *slog.Logger) (int, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if o.AdminURL == "" {
+		return 0, errors.New("INIT_ADMIN_URL is required: the Postgres bootstrap role's URL")
+	}
+	ops := &provision.Ops{AdminURL: o.AdminURL, Prefix: o.Prefix}
+	conn, err := ops.RegistryAdmin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	tenants, err := registry.TenantList(ctx, conn)
+	conn.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return 0, err
+	}
+	creds := filepath.Join(o.Dir, InitProvisionerCreds)
+	nc, err := nats.Connect(natsURL, nats.UserCredentials(creds), nats.Name("provisioner"),
+		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1))
+	if err != nil {
+		return 0, fmt.Errorf("connect to NATS at %s with %s: %w", natsURL, creds, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, err
+	}
+	streams := &provision.Streams{JS: js}
+	for i := range tenants {
+		t := &tenants[i]
+		for attempt := 1; ; attempt++ {
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err = streams.EnsureTenant(actx, t)
+			cancel()
+			if err == nil || attempt == 30 || ctx.Err() != nil {
+				break
+			}
+			log.Warn("create tenant streams; retrying", "tenant_id", t.ID, "attempt", attempt, "error", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	return len(tenants), nil
 }

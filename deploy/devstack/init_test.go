@@ -157,6 +157,13 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 		t.Fatal("nats not ready")
 	}
 
+	// compose's second one-shot step: the tenants' streams, once NATS runs.
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer scancel()
+	if n, err := devstack.InitStreams(sctx, e.opts, ns.ClientURL(), nil); err != nil || n != 1 {
+		t.Fatalf("init streams: %d tenants, %v", n, err)
+	}
+
 	// n8n's webhook node: checks the header its credential names.
 	events := make(chan wire.Event, 4)
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

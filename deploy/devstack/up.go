@@ -126,9 +126,14 @@ func (s *Stack) EnsureTenant(ctx context.Context, spec provision.TenantSpec) (*T
 		return nil, err
 	}
 	defer conn.Close(ctx)
-	_, getErr := registry.TenantGet(ctx, conn, spec.ID)
+	row, getErr := registry.TenantGet(ctx, conn, spec.ID)
 	if getErr == nil {
 		if t, err := s.LoadTenant(spec.ID); err == nil {
+			// A stack from before per-tenant streams, or whose NATS store
+			// was removed: the streams follow the registry row.
+			if err := s.Streams.EnsureTenant(ctx, &row); err != nil {
+				return nil, err
+			}
 			return t, nil
 		}
 	}

@@ -1,8 +1,9 @@
 // Package account generates the NATS operator-mode identities of the system
 // with nats-io/jwt and nkeys, writing the same claims `nsc` would: an
-// operator, the system account, the BRAIN account with its exports (account
-// token positions, DESIGN §3), tenant accounts importing them pinned to their
-// own key, and least-privilege users with .creds files.
+// operator, the system account, the STREAMS account holding every tenant's
+// streams, the BRAIN account importing the consumer API from it, tenant
+// accounts importing both pinned to their own key (account token positions,
+// DESIGN §3), and least-privilege users with .creds files.
 //
 // The dev stack and the tests use it directly; in production ops run the
 // equivalent nsc commands and this package is
@@ -11,6 +12,7 @@ package account
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
@@ -83,29 +85,101 @@ func (o *Operator) SystemAccount(kp nkeys.KeyPair) (*Account, error) {
 	return o.sign("SYS", kp, func(*jwt.AccountClaims) {})
 }
 
-// BrainAccount signs the BRAIN account: JetStream enabled, with every export
-// of subjects.BrainExports and its account token position.
-func (o *Operator) BrainAccount(seed []byte) (*Account, error) {
+// StreamsAccount signs the STREAMS account: JetStream enabled, holding
+// every tenant's turn and result streams, with the exports of
+// subjects.StreamsExports. Public exports carry an account token position;
+// private ones (the consumer API, acks and reply storage) are imported by
+// the BRAIN account only, with activation tokens (BrainAccount).
+func (o *Operator) StreamsAccount(seed []byte) (*Account, error) {
 	kp, err := keyPair(seed, nkeys.CreateAccount)
 	if err != nil {
 		return nil, err
 	}
-	return o.sign("BRAIN", kp, func(ac *jwt.AccountClaims) {
+	return o.sign(subjects.AccountStreams, kp, func(ac *jwt.AccountClaims) {
 		ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
-		for _, e := range subjects.BrainExports() {
-			typ := jwt.Stream
-			if e.IsService {
-				typ = jwt.Service
-			}
-			ac.Exports.Add(&jwt.Export{Name: e.Name, Subject: jwt.Subject(e.Subject), Type: typ, AccountTokenPosition: e.TokenPosition})
+		for _, e := range subjects.StreamsExports() {
+			ac.Exports.Add(export(e))
 		}
 	})
 }
 
-// TenantAccount signs a tenant account importing the brain's exports, each
-// pinned to the tenant's own public key. The account has no JetStream of its
-// own and a bounded number of connections.
-func (o *Operator) TenantAccount(name string, seed []byte, brainAccount string) (*Account, error) {
+// BrainAccount signs the BRAIN account: no JetStream of its own, the
+// exports of subjects.BrainExports (tenant API and events), and the imports
+// of subjects.BrainImports from STREAMS, each with an activation token
+// signed by STREAMS.
+func (o *Operator) BrainAccount(seed []byte, streams *Account) (*Account, error) {
+	kp, err := keyPair(seed, nkeys.CreateAccount)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, err
+	}
+	var imps jwt.Imports
+	for _, im := range subjects.BrainImports() {
+		tok, err := streams.Activation(pub, im.Subject)
+		if err != nil {
+			return nil, err
+		}
+		imps.Add(&jwt.Import{Name: im.Name, Account: streams.Public, Subject: jwt.Subject(im.Subject),
+			LocalSubject: jwt.RenamingSubject(im.Local), Type: jwt.Service, Token: tok})
+	}
+	return o.sign(subjects.AccountBrain, kp, func(ac *jwt.AccountClaims) {
+		for _, e := range subjects.BrainExports() {
+			ac.Exports.Add(export(e))
+		}
+		ac.Imports = imps
+	})
+}
+
+// streamedResponseThreshold is how long the server keeps the way back of
+// a streamed response (a pull request's messages and heartbeats) without
+// traffic: longer than the brain's pull heartbeat.
+const streamedResponseThreshold = 2 * time.Minute
+
+func export(e subjects.Export) *jwt.Export {
+	x := &jwt.Export{Name: e.Name, Subject: jwt.Subject(e.Subject), Type: jwt.Stream, AccountTokenPosition: e.TokenPosition, TokenReq: e.Private}
+	if e.IsService {
+		x.Type = jwt.Service
+	}
+	if e.Streamed {
+		x.ResponseType = jwt.ResponseTypeStream
+		x.ResponseThreshold = streamedResponseThreshold
+	}
+	return x
+}
+
+// Activation returns an activation token by which this account lets
+// importer import one of its private exports.
+func (a *Account) Activation(importer, subject string) (string, error) {
+	act := jwt.NewActivationClaims(importer)
+	act.Name = subject
+	act.ImportSubject = jwt.Subject(subject)
+	act.ImportType = jwt.Service
+	tok, err := act.Encode(a.kp)
+	if err != nil {
+		return "", fmt.Errorf("activation of %s for %s: %w", subject, importer, err)
+	}
+	return tok, nil
+}
+
+// TenantLimits are the server-side bounds of every tenant account.
+const (
+	// TenantMaxPayload is the largest message a tenant's user may publish:
+	// a turn (wire.MaxTurnBytes) with its headers. The server refuses
+	// anything larger, whatever the edge does.
+	TenantMaxPayload = 256 << 10
+	// TenantMaxConns bounds a tenant's connections.
+	TenantMaxConns = 32
+	// TenantMaxSubs bounds a tenant's subscriptions.
+	TenantMaxSubs = 1000
+)
+
+// TenantAccount signs a tenant account importing the brain's and the
+// streams' exports, each pinned to the tenant's own public key, with no
+// JetStream of its own and the bounds of TenantLimits.
+func (o *Operator) TenantAccount(name string, seed []byte, brainAccount, streamsAccount string) (*Account, error) {
 	kp, err := keyPair(seed, nkeys.CreateAccount)
 	if err != nil {
 		return nil, err
@@ -115,21 +189,27 @@ func (o *Operator) TenantAccount(name string, seed []byte, brainAccount string) 
 		return nil, err
 	}
 	return o.sign(name, kp, func(ac *jwt.AccountClaims) {
-		ac.Imports = ImportsFor(pub, brainAccount)
-		ac.Limits.Conn = 32
+		ac.Imports = ImportsFor(pub, brainAccount, streamsAccount)
+		ac.Limits.Conn = TenantMaxConns
+		ac.Limits.Payload = TenantMaxPayload
+		ac.Limits.Subs = TenantMaxSubs
 	})
 }
 
 // ImportsFor returns the imports of a tenant account, as listed in
 // subjects.TenantImports. Tests use it to build forged variants.
-func ImportsFor(tenantAccount, brainAccount string) jwt.Imports {
+func ImportsFor(tenantAccount, brainAccount, streamsAccount string) jwt.Imports {
 	var imps jwt.Imports
 	for _, im := range subjects.TenantImports(tenantAccount) {
 		typ := jwt.Stream
 		if im.IsService {
 			typ = jwt.Service
 		}
-		imps.Add(&jwt.Import{Name: im.Name, Account: brainAccount, Subject: jwt.Subject(im.Subject), LocalSubject: jwt.RenamingSubject(im.Local), Type: typ})
+		from := brainAccount
+		if im.From == subjects.AccountStreams {
+			from = streamsAccount
+		}
+		imps.Add(&jwt.Import{Name: im.Name, Account: from, Subject: jwt.Subject(im.Subject), LocalSubject: jwt.RenamingSubject(im.Local), Type: typ})
 	}
 	return imps
 }
@@ -168,12 +248,18 @@ func (o *Operator) sign(name string, kp nkeys.KeyPair, edit func(*jwt.AccountCla
 type Role int
 
 const (
-	// RoleBrain may run JetStream, publish replies and events, and answer
-	// tenant API requests, but never publish a turn: only imports produce turns.
+	// RoleBrain (BRAIN account) may pull, read and acknowledge turns through
+	// its imports, publish replies and events, and answer tenant API
+	// requests. It holds no JetStream administration rights at all (its
+	// account has no JetStream, and its imports cover no create, update or
+	// delete), and may never publish a turn or a live reply.
 	RoleBrain Role = iota + 1
 	// RoleEdge may publish turns, request results and API calls, and
 	// subscribe to replies, events and its inboxes. Nothing else.
 	RoleEdge
+	// RoleProvisioner (STREAMS account) administers the tenants' streams and
+	// consumers: the ops tooling's NATS identity, never a runtime one.
+	RoleProvisioner
 	// RoleUnrestricted has no permission limits: the system account's
 	// operator user, and in tests an attacker who controls its own account.
 	RoleUnrestricted
@@ -184,9 +270,10 @@ func Permissions(r Role) jwt.Permissions {
 	var p jwt.Permissions
 	switch r {
 	case RoleBrain:
-		p.Pub.Allow.Add("$JS.API.>", "$JS.ACK.>", "brain.reply.>", "brain.event.>", "_INBOX.>")
-		// Only imports produce turns; only the RESULTS stream produces live replies.
-		p.Pub.Deny.Add("brain.turn.>", subjects.LiveExport)
+		p.Pub.Allow.Add(subjects.ConsumerNextLocal, subjects.ConsumerInfoLocal, subjects.ConsumerAck, subjects.ReplyAll, subjects.EventExport)
+		// Only imports produce turns; only the results streams produce live
+		// replies. (Neither is in the allow list; the denials say so twice.)
+		p.Pub.Deny.Add(subjects.TurnExport, subjects.LiveExport)
 		p.Sub.Allow.Add("_INBOX.>", subjects.APIExport)
 		// Answer API requests arriving through the service import on their
 		// _R_ reply subjects, one response each.
@@ -194,6 +281,9 @@ func Permissions(r Role) jwt.Permissions {
 	case RoleEdge:
 		p.Pub.Allow.Add(subjects.LocalTurn+">", subjects.LocalResult+">", subjects.LocalAPI+">")
 		p.Sub.Allow.Add(subjects.LocalReply+">", subjects.LocalEvent+">", "_INBOX.>")
+	case RoleProvisioner:
+		p.Pub.Allow.Add("$JS.API.>")
+		p.Sub.Allow.Add("_INBOX.>")
 	}
 	return p
 }

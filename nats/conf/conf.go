@@ -1,7 +1,7 @@
 // Package conf writes the configuration file of a standalone nats-server in
 // operator (JWT) mode, from the same identities package account generates:
 // the trusted operator, the system account, a MEMORY resolver preloaded with
-// every account JWT (SYS, BRAIN, tenants), JetStream with a deliberate fsync
+// every account JWT (SYS, STREAMS, BRAIN, tenants), JetStream with a deliberate fsync
 // policy, the client listener, the monitoring port and a 1 MiB payload limit.
 //
 // `docker compose up` runs the official nats image on a file written by this
@@ -76,7 +76,15 @@ type Config struct {
 	Accounts map[string]string
 	// MaxPayload in bytes. Default DefaultMaxPayload.
 	MaxPayload int
+	// MaxStore is JetStream's max_file_store in bytes. Default DefaultMaxStore.
+	MaxStore int64
 }
+
+// DefaultMaxStore is JetStream's file store limit. Every stream's MaxBytes
+// is reserved against it when the stream is created (tenants × their
+// quota), so it is set high; what the disk really holds is what is stored,
+// bounded by each tenant's quota and window. Size the disk for that.
+const DefaultMaxStore = 1 << 40
 
 func (c Config) withDefaults() Config {
 	if c.ServerName == "" {
@@ -93,6 +101,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxPayload == 0 {
 		c.MaxPayload = DefaultMaxPayload
+	}
+	if c.MaxStore == 0 {
+		c.MaxStore = DefaultMaxStore
 	}
 	return c
 }
@@ -164,6 +175,8 @@ func Render(c Config) ([]byte, error) {
 	w("max_payload: %d\n\n", c.MaxPayload)
 	w("jetstream {\n")
 	w("  store_dir: %q\n", c.StoreDir)
+	w("  # Reserved up front by each stream's MaxBytes (every tenant's quota); not the disk's size.\n")
+	w("  max_file_store: %d\n", c.MaxStore)
 	if c.Sync == SyncAlways {
 		w("  # fsync before every PubAck: an accepted turn survives a power failure (DESIGN §3).\n")
 	} else {

@@ -20,12 +20,14 @@ import (
 )
 
 type identities struct {
-	op          *account.Operator
-	sys, brain  *account.Account
-	tenant      *account.Account
-	accounts    map[string]string
-	brainCreds  string
-	tenantCreds string
+	op               *account.Operator
+	sys, brain       *account.Account
+	streams          *account.Account
+	tenant           *account.Account
+	accounts         map[string]string
+	brainCreds       string
+	provisionerCreds string
+	tenantCreds      string
 }
 
 func newIdentities(t *testing.T) *identities {
@@ -43,16 +45,20 @@ func newIdentities(t *testing.T) *identities {
 	if err != nil {
 		t.Fatal(err)
 	}
-	br, err := op.BrainAccount(nil)
+	st, err := op.StreamsAccount(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tn, err := op.TenantAccount("tenant-a", nil, br.Public)
+	br, err := op.BrainAccount(nil, st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := &identities{op: op, sys: sys, brain: br, tenant: tn,
-		accounts: map[string]string{sys.Public: sys.JWT, br.Public: br.JWT, tn.Public: tn.JWT}}
+	tn, err := op.TenantAccount("tenant-a", nil, br.Public, st.Public)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := &identities{op: op, sys: sys, brain: br, streams: st, tenant: tn,
+		accounts: map[string]string{sys.Public: sys.JWT, st.Public: st.JWT, br.Public: br.JWT, tn.Public: tn.JWT}}
 	write := func(acc *account.Account, user string, r account.Role) string {
 		b, err := account.UserCreds(acc, user, r)
 		if err != nil {
@@ -65,6 +71,7 @@ func newIdentities(t *testing.T) *identities {
 		return p
 	}
 	id.brainCreds = write(br, "brain", account.RoleBrain)
+	id.provisionerCreds = write(st, "provisioner", account.RoleProvisioner)
 	id.tenantCreds = write(tn, "edge", account.RoleEdge)
 	return id
 }
@@ -82,9 +89,10 @@ func (id *identities) config(storeDir string) conf.Config {
 
 // TestServerFromConfigFileRelaysATurn is the proof that the file compose
 // runs is real: nats-server's own parser loads it, the server starts in
-// operator mode with JetStream, the brain creates its streams, and a tenant's
-// edge user publishes a turn through its import that lands in TURNS with the
-// tenant's account key in token 3.
+// operator mode with JetStream, provisioning creates a tenant's streams, the
+// brain binds to its consumer through its imports, and the tenant's edge
+// user publishes a turn through its import that lands in the tenant's turn
+// stream with the tenant's account key in token 3.
 func TestServerFromConfigFileRelaysATurn(t *testing.T) {
 	id := newIdentities(t)
 	dir := t.TempDir()
@@ -107,6 +115,8 @@ func TestServerFromConfigFileRelaysATurn(t *testing.T) {
 		t.Fatal("sync_interval always was not applied")
 	case opts.MaxPayload != 1<<20:
 		t.Fatalf("max_payload %d", opts.MaxPayload)
+	case opts.JetStreamMaxStore != conf.DefaultMaxStore:
+		t.Fatalf("max_file_store %d, want %d", opts.JetStreamMaxStore, conf.DefaultMaxStore)
 	case len(opts.TrustedOperators) != 1 || opts.TrustedOperators[0].Subject != id.op.Public:
 		t.Fatalf("trusted operators: %+v", opts.TrustedOperators)
 	case opts.SystemAccount != id.sys.Public:
@@ -142,17 +152,30 @@ func TestServerFromConfigFileRelaysATurn(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	pnc, err := nats.Connect(srv.ClientURL(), nats.UserCredentials(id.provisionerCreds))
+	if err != nil {
+		t.Fatalf("provisioner connects: %v", err)
+	}
+	defer pnc.Close()
+	pjs, err := jetstream.New(pnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.EnsureTenant(ctx, pjs, stream.Config{}, id.tenant.Public, stream.Limits{}); err != nil {
+		t.Fatalf("provisioning creates the tenant's streams: %v", err)
+	}
+	// The brain binds to the tenant's consumer through its imports.
 	bnc, err := nats.Connect(srv.ClientURL(), nats.UserCredentials(id.brainCreds))
 	if err != nil {
 		t.Fatalf("brain connects: %v", err)
 	}
 	defer bnc.Close()
-	bjs, err := jetstream.New(bnc)
+	bjs, err := jetstream.NewWithAPIPrefix(bnc, subjects.StreamsAPIPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stream.Ensure(ctx, bjs, stream.Config{}); err != nil {
-		t.Fatalf("brain creates its streams: %v", err)
+	if _, err := bjs.Consumer(ctx, subjects.TurnsStream(id.tenant.Public), subjects.TurnsConsumer); err != nil {
+		t.Fatalf("brain binds to the tenant's consumer: %v", err)
 	}
 
 	tnc, err := nats.Connect(srv.ClientURL(), nats.UserCredentials(id.tenantCreds),
@@ -171,10 +194,10 @@ func TestServerFromConfigFileRelaysATurn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("publish a turn through the import: %v", err)
 	}
-	if ack.Stream != subjects.TurnsStream {
-		t.Fatalf("turn stored in %q, want %s", ack.Stream, subjects.TurnsStream)
+	if ack.Stream != subjects.TurnsStream(id.tenant.Public) {
+		t.Fatalf("turn stored in %q, want %s", ack.Stream, subjects.TurnsStream(id.tenant.Public))
 	}
-	turns, err := bjs.Stream(ctx, subjects.TurnsStream)
+	turns, err := pjs.Stream(ctx, subjects.TurnsStream(id.tenant.Public))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,10 @@ type Config struct {
 	Accounts map[string]string
 	// SyncAlways makes JetStream fsync before every PubAck (see DESIGN §3).
 	SyncAlways bool
-	Logger     *slog.Logger
+	// MaxStore is JetStream's file store limit; default 1 TiB (each stream's
+	// MaxBytes is reserved against it: see nats/conf.DefaultMaxStore).
+	MaxStore int64
+	Logger   *slog.Logger
 }
 
 // Server is a running embedded server.
@@ -49,6 +52,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.MaxStore == 0 {
+		cfg.MaxStore = 1 << 40
+	}
 	oc, err := jwt.DecodeOperatorClaims(cfg.OperatorJWT)
 	if err != nil {
 		return nil, fmt.Errorf("decode operator JWT: %w", err)
@@ -60,17 +66,18 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}
 	opts := &server.Options{
-		ServerName:       "brain-nats-embedded",
-		Host:             cfg.Host,
-		Port:             cfg.Port,
-		NoSigs:           true,
-		JetStream:        true,
-		StoreDir:         cfg.StoreDir,
-		TrustedOperators: []*jwt.OperatorClaims{oc},
-		SystemAccount:    cfg.SystemAccount,
-		AccountResolver:  res,
-		SyncAlways:       cfg.SyncAlways,
-		MaxPayload:       1 << 20,
+		ServerName:        "brain-nats-embedded",
+		Host:              cfg.Host,
+		Port:              cfg.Port,
+		NoSigs:            true,
+		JetStream:         true,
+		StoreDir:          cfg.StoreDir,
+		TrustedOperators:  []*jwt.OperatorClaims{oc},
+		SystemAccount:     cfg.SystemAccount,
+		AccountResolver:   res,
+		SyncAlways:        cfg.SyncAlways,
+		MaxPayload:        1 << 20,
+		JetStreamMaxStore: cfg.MaxStore,
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

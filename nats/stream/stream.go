@@ -1,10 +1,23 @@
-// Package stream defines the JetStream streams and the consumer of the
-// durable turn path (DESIGN §3) and creates them idempotently. The brain calls
-// Ensure at start; every replica may, concurrently.
+// Package stream defines the JetStream streams and the consumer of each
+// tenant's durable turn path (DESIGN §3) and creates them idempotently.
+//
+// Every tenant has its own pair of streams in the STREAMS account, named
+// after its NATS account key: TURNS_<account> captures the turns its edge
+// publishes through its import, RESULTS_<account> keeps the last reply of
+// each turn and republishes it live. A tenant's limits, dedupe window and
+// sequence numbers are its own: one tenant filling its stream is refused
+// (503/10077 to it alone), and nothing another tenant sees counts or names
+// its messages. One durable pull consumer per turn stream is shared by
+// every brain replica; its MaxAckPending caps the tenant's turns in flight.
+//
+// Only provisioning calls EnsureTenant and DeleteTenant, with the STREAMS
+// account's provisioner credentials; brain replicas only bind to the
+// consumers (their NATS user has no stream or consumer administration).
 package stream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -13,58 +26,84 @@ import (
 	"n8nbrain/subjects"
 )
 
-// Config sizes the streams. The zero value of a field means its default.
+// Config is what every tenant's streams share. The zero value of a field
+// means its default.
 type Config struct {
-	// MaxAge of both streams: as short as the retry horizon allows, because
-	// they hold client email content and decisions. The tenant database is
-	// the durable record. Default 1h.
-	MaxAge time.Duration
 	// Duplicates is the Nats-Msg-Id dedupe window. Default 2m.
 	Duplicates time.Duration
-	// TurnsMaxBytes bounds TURNS; sized for peak rate × MaxAge. Default 1 GiB.
-	// When full, new turns are refused (visible 503 at the edge), never
-	// dropped silently: discard policy New.
-	TurnsMaxBytes int64
-	// ResultsMaxBytes bounds RESULTS. Default 1 GiB.
-	ResultsMaxBytes int64
 	// Replicas of each stream: 1 in development, 3 in production.
 	Replicas int
 	// Storage: file (default) or memory.
 	Memory bool
-	// AckWait is how long a replica may hold a turn before JetStream
-	// redelivers it to another. Default 30s; the brain extends it with
-	// progress acks during long model calls.
+	// AckWait is how long a replica may hold a turn without a sign of life
+	// before JetStream redelivers it to another: the time a turn waits after
+	// its replica died. The brain signals progress every third of it while it
+	// works and while the turn waits in its queue. Default 5s.
 	AckWait time.Duration
-	// MaxAckPending bounds turns in flight across all replicas. Default 1024.
-	MaxAckPending int
+	// ResultsMaxBytes bounds each tenant's results stream. Default 16 MiB.
+	ResultsMaxBytes int64
 }
 
+// Limits are one tenant's bounds (from its registry row).
+type Limits struct {
+	// MaxMsgs and MaxBytes bound the turns in the tenant's stream, answered
+	// or not, within Window: with limits retention a stored turn counts
+	// until it is Window old. A publish over either is refused to that
+	// tenant only (10077). Defaults 10,000 and 64 MiB.
+	MaxMsgs  int64
+	MaxBytes int64
+	// Window is how long turns and replies are kept (MaxAge): as short as
+	// the retry horizon allows, since they hold e-mail content; the tenant
+	// database is the durable record. Default 1h.
+	Window time.Duration
+	// MaxInflight caps the tenant's turns handed to brain replicas and not
+	// yet answered, across all replicas (the consumer's MaxAckPending).
+	// Default 16.
+	MaxInflight int
+}
+
+// Defaults of Limits.
+const (
+	DefaultMaxMsgs     = 10_000
+	DefaultMaxBytes    = 64 << 20
+	DefaultWindow      = time.Hour
+	DefaultMaxInflight = 16
+	// MaxTurnMsgSize is the largest stored turn: the tenant account's payload
+	// limit (headers included) already refuses more; this is the backstop.
+	MaxTurnMsgSize = 256 << 10
+)
+
 func (c Config) withDefaults() Config {
-	if c.MaxAge == 0 {
-		c.MaxAge = time.Hour
-	}
 	if c.Duplicates == 0 {
 		c.Duplicates = 2 * time.Minute
-	}
-	if c.Duplicates > c.MaxAge {
-		c.Duplicates = c.MaxAge
-	}
-	if c.TurnsMaxBytes == 0 {
-		c.TurnsMaxBytes = 1 << 30
-	}
-	if c.ResultsMaxBytes == 0 {
-		c.ResultsMaxBytes = 1 << 30
 	}
 	if c.Replicas == 0 {
 		c.Replicas = 1
 	}
 	if c.AckWait == 0 {
-		c.AckWait = 30 * time.Second
+		c.AckWait = 5 * time.Second
 	}
-	if c.MaxAckPending == 0 {
-		c.MaxAckPending = 1024
+	if c.ResultsMaxBytes == 0 {
+		c.ResultsMaxBytes = 16 << 20
 	}
 	return c
+}
+
+// WithDefaults returns the limits with zero fields set to their defaults.
+func (l Limits) WithDefaults() Limits {
+	if l.MaxMsgs == 0 {
+		l.MaxMsgs = DefaultMaxMsgs
+	}
+	if l.MaxBytes == 0 {
+		l.MaxBytes = DefaultMaxBytes
+	}
+	if l.Window == 0 {
+		l.Window = DefaultWindow
+	}
+	if l.MaxInflight == 0 {
+		l.MaxInflight = DefaultMaxInflight
+	}
+	return l
 }
 
 func (c Config) storage() jetstream.StorageType {
@@ -74,78 +113,93 @@ func (c Config) storage() jetstream.StorageType {
 	return jetstream.FileStorage
 }
 
-// Turns is the TURNS stream: every turn a tenant publishes through its
-// import, with the tenant's account key in the subject. Limits retention, not
-// WorkQueue: with WorkQueue an acked turn is deleted and its dedupe state is
-// gone after a server restart (proven in shared/reference/nats-topology).
-func Turns(c Config) jetstream.StreamConfig {
-	c = c.withDefaults()
+// Turns is a tenant's turn stream. Limits retention, not WorkQueue: with
+// WorkQueue an acked turn is deleted and its dedupe state is gone after a
+// server restart (proven in shared/reference/nats-topology), and the
+// edge's subject-scoped expectation needs the answered turn's sequence.
+// DiscardNew: a full stream refuses new turns (a visible 429 at the edge),
+// never drops accepted ones.
+func Turns(c Config, account string, l Limits) jetstream.StreamConfig {
+	c, l = c.withDefaults(), l.WithDefaults()
+	dup := min(c.Duplicates, l.Window)
 	return jetstream.StreamConfig{
-		Name:        subjects.TurnsStream,
-		Description: "Turns from tenant edges; subject token 3 is the tenant's NATS account.",
-		Subjects:    []string{subjects.TurnsStreamSubject},
+		Name:        subjects.TurnsStream(account),
+		Description: "Turns of one tenant, from its edge through its import.",
+		Subjects:    []string{subjects.TurnsStreamSubject(account)},
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardNew,
-		MaxAge:      c.MaxAge,
-		MaxBytes:    c.TurnsMaxBytes,
-		MaxMsgSize:  1 << 20,
-		Duplicates:  c.Duplicates,
+		MaxAge:      l.Window,
+		MaxMsgs:     l.MaxMsgs,
+		MaxBytes:    l.MaxBytes,
+		MaxMsgSize:  MaxTurnMsgSize,
+		Duplicates:  dup,
 		Storage:     c.storage(),
 		Replicas:    c.Replicas,
 	}
 }
 
-// Results is the RESULTS stream: the last reply of each turn, one per
-// subject, readable by the tenant through direct get on its result import
-// and republished to brain.live.<account>.<key> for the live path.
-func Results(c Config) jetstream.StreamConfig {
-	c = c.withDefaults()
+// Results is a tenant's results stream: the last reply of each turn, one
+// per subject, readable by the tenant through direct get on its result
+// import and republished to brain.live.<account>.<key> for the live path.
+func Results(c Config, account string, l Limits) jetstream.StreamConfig {
+	c, l = c.withDefaults(), l.WithDefaults()
 	return jetstream.StreamConfig{
-		Name:              subjects.ResultsStream,
-		Description:       "The last reply of each turn, fetched by edges that missed the live reply.",
-		Subjects:          []string{subjects.ResultsStreamSubject},
+		Name:              subjects.ResultsStream(account),
+		Description:       "The last reply of each turn of one tenant, fetched by its edge when it missed the live reply.",
+		Subjects:          []string{subjects.ResultsStreamSubject(account)},
 		Retention:         jetstream.LimitsPolicy,
 		Discard:           jetstream.DiscardOld,
-		MaxAge:            c.MaxAge,
+		MaxAge:            l.Window,
 		MaxBytes:          c.ResultsMaxBytes,
 		MaxMsgsPerSubject: 1,
 		MaxMsgSize:        1 << 20,
 		AllowDirect:       true,
 		// A reply reaches the tenant live only once it is stored: the stream
 		// republishes it, so a live reply and a fetchable result never race.
-		RePublish:  &jetstream.RePublish{Source: subjects.ResultsRePublishSource, Destination: subjects.ResultsRePublishDest},
-		Duplicates: c.Duplicates,
-		Storage:    c.storage(),
-		Replicas:   c.Replicas,
+		RePublish: &jetstream.RePublish{Source: subjects.ResultsStreamSubject(account), Destination: subjects.LiveSubjects(account)},
+		Storage:   c.storage(),
+		Replicas:  c.Replicas,
 	}
 }
 
-// Consumer is the durable pull consumer all brain replicas share.
-func Consumer(c Config) jetstream.ConsumerConfig {
-	c = c.withDefaults()
+// Consumer is the durable pull consumer all brain replicas share on a
+// tenant's turn stream.
+func Consumer(c Config, l Limits) jetstream.ConsumerConfig {
+	c, l = c.withDefaults(), l.WithDefaults()
 	return jetstream.ConsumerConfig{
 		Durable:       subjects.TurnsConsumer,
 		Description:   "Shared by every brain replica; an unacked turn is redelivered to another.",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
 		MaxDeliver:    -1, // the brain answers a turn that keeps failing with a typed error instead
-		MaxAckPending: c.MaxAckPending,
+		MaxAckPending: l.MaxInflight,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
 }
 
-// Ensure creates or updates both streams and the consumer.
-func Ensure(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
-	for _, sc := range []jetstream.StreamConfig{Turns(c), Results(c)} {
+// EnsureTenant creates or updates a tenant's two streams and its consumer.
+// js must be a STREAMS account provisioner's.
+func EnsureTenant(ctx context.Context, js jetstream.JetStream, c Config, account string, l Limits) error {
+	for _, sc := range []jetstream.StreamConfig{Turns(c, account, l), Results(c, account, l)} {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
-			return nil, fmt.Errorf("ensure stream %s: %w", sc.Name, err)
+			return fmt.Errorf("ensure stream %s: %w", sc.Name, err)
 		}
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, subjects.TurnsStream, Consumer(c))
-	if err != nil {
-		return nil, fmt.Errorf("ensure consumer %s: %w", subjects.TurnsConsumer, err)
+	if _, err := js.CreateOrUpdateConsumer(ctx, subjects.TurnsStream(account), Consumer(c, l)); err != nil {
+		return fmt.Errorf("ensure consumer %s of %s: %w", subjects.TurnsConsumer, subjects.TurnsStream(account), err)
 	}
-	return cons, nil
+	return nil
+}
+
+// DeleteTenant deletes a tenant's streams (and with them its consumer and
+// every turn and reply they held). Deleting what does not exist is no error.
+func DeleteTenant(ctx context.Context, js jetstream.JetStream, account string) error {
+	for _, name := range []string{subjects.TurnsStream(account), subjects.ResultsStream(account)} {
+		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("delete stream %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // AckWaitOrDefault is the consumer's ack wait after defaults.

@@ -7,6 +7,8 @@
 //	devstack init     compose's one-shot init step: NATS identities and
 //	                  config, registry and client-zero in Postgres, .creds and
 //	                  secrets in the state volume (see devstack.InitOptions)
+//	devstack streams  compose's second one-shot step, once NATS runs: every
+//	                  tenant's streams and consumer, with the provisioner's .creds
 package main
 
 import (
@@ -30,11 +32,16 @@ func main() {
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	var err error
-	if os.Args[1] == "init" {
+	switch os.Args[1] {
+	case "init", "streams":
 		dir := fs.String("dir", "", "state folder (default $INIT_STATE_DIR, else /state)")
 		_ = fs.Parse(os.Args[2:])
-		err = devstack.InitFromEnv(ctx, os.Getenv, *dir, os.Stdout, log)
-	} else {
+		if os.Args[1] == "init" {
+			err = devstack.InitFromEnv(ctx, os.Getenv, *dir, os.Stdout, log)
+		} else {
+			err = devstack.InitStreamsFromEnv(ctx, os.Getenv, *dir, os.Stdout, log)
+		}
+	default:
 		var opts devstack.UpOptions
 		fs.StringVar(&opts.Dir, "dir", ".data", "state folder (Postgres data, NATS keys and store, secrets)")
 		fs.IntVar(&opts.PGPort, "pg-port", 55432, "Postgres port on 127.0.0.1")
@@ -60,6 +67,7 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: devstack up|pg-env [-dir .data] [-pg-port 55432] [-nats-port 4222] [-edge-addr 127.0.0.1:8480]\n"+
-		"       devstack init [-dir /state]   (configured by INIT_*, BRAIN_*, EDGE_*, REVIEWER_* variables)")
+		"       devstack init [-dir /state]   (configured by INIT_*, BRAIN_*, EDGE_*, REVIEWER_* variables)\n"+
+		"       devstack streams [-dir /state]   (after NATS is up: INIT_NATS_URL, INIT_ADMIN_URL)")
 	os.Exit(2)
 }

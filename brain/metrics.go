@@ -1,0 +1,108 @@
+package brain
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"n8nbrain/brain/internal/model"
+)
+
+// Why prometheus/client_golang: the de-facto standard exposition library,
+// already in the module graph, with histograms, collectors that read state
+// at scrape time (so the turn processor keeps plain atomics and no
+// dependency on it), and the Go runtime's metrics for free.
+
+// newMetrics registers the replica's metrics: the turn processor's
+// counters, each tenant's turns queued and in flight on this replica, the
+// model's use per tenant and the circuit breaker. Tenant ids are labels;
+// no content ever is.
+func (b *brain) newMetrics() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	c := &b.proc.Counters
+	for _, m := range []struct {
+		name, help string
+		v          func() float64
+	}{
+		{"brain_turns_decided_total", "Turns decided and committed.", func() float64 { return float64(c.Decided.Load()) }},
+		{"brain_turns_replayed_total", "Turns answered from a stored decision.", func() float64 { return float64(c.Replayed.Load()) }},
+		{"brain_turns_rejected_total", "Turns answered with an error.", func() float64 { return float64(c.Rejected.Load()) }},
+		{"brain_turns_tenant_mismatch_total", "Turns whose body named another tenant than the NATS account.", func() float64 { return float64(c.TenantMismatch.Load()) }},
+		{"brain_turns_key_reused_total", "Turns reusing a decided idempotency key with another payload.", func() float64 { return float64(c.KeyReused.Load()) }},
+		{"brain_items_halted_total", "Work items halted at the turn ceiling.", func() float64 { return float64(c.Halted.Load()) }},
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: m.name, Help: m.help}, m.v))
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_tenants_consumed",
+		Help: "Tenants whose turn consumer this replica is bound to."}, func() float64 { return float64(b.consumers.count()) }))
+	reg.MustRegister(&tenantLoadCollector{b: b})
+	if b.stage != nil {
+		reg.MustRegister(&modelCollector{b: b})
+	}
+	return reg
+}
+
+var (
+	tenantQueuedDesc = prometheus.NewDesc("brain_tenant_turns_queued",
+		"Turns of a tenant taken from its stream and waiting for a worker on this replica.", []string{"tenant"}, nil)
+	tenantInflightDesc = prometheus.NewDesc("brain_tenant_turns_inflight",
+		"Turns of a tenant being decided on this replica (at most BRAIN_TENANT_WORKERS).", []string{"tenant"}, nil)
+)
+
+// tenantLoadCollector reads the fair scheduler at scrape time. A tenant
+// with nothing queued or in flight is not listed.
+type tenantLoadCollector struct{ b *brain }
+
+func (c *tenantLoadCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- tenantQueuedDesc
+	ch <- tenantInflightDesc
+}
+
+func (c *tenantLoadCollector) Collect(ch chan<- prometheus.Metric) {
+	for acc, l := range c.b.sched.Loads() {
+		id := acc
+		if t, ok := c.b.dir.ByAccount(acc); ok {
+			id = string(t.ID)
+		}
+		ch <- prometheus.MustNewConstMetric(tenantQueuedDesc, prometheus.GaugeValue, float64(l.Queued), id)
+		ch <- prometheus.MustNewConstMetric(tenantInflightDesc, prometheus.GaugeValue, float64(l.Inflight), id)
+	}
+}
+
+var (
+	modelTokensDesc = prometheus.NewDesc("brain_model_tokens_total",
+		"Model tokens (prompt and output) used, by tenant.", []string{"tenant"}, nil)
+	modelCallsDesc = prometheus.NewDesc("brain_model_calls_total",
+		"Model calls by tenant and outcome (ok, invalid_output, error, timeout).", []string{"tenant", "outcome"}, nil)
+	modelEscalationsDesc = prometheus.NewDesc("brain_model_escalations_total",
+		"Items escalated to a human because of the model, by tenant and reason.", []string{"tenant", "reason"}, nil)
+	breakerOpenDesc = prometheus.NewDesc("brain_model_breaker_open",
+		"1 while the model circuit breaker refuses calls.", nil, nil)
+)
+
+// modelCollector reads the model stage's running totals at scrape time.
+type modelCollector struct{ b *brain }
+
+func (c *modelCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{modelTokensDesc, modelCallsDesc, modelEscalationsDesc, breakerOpenDesc} {
+		ch <- d
+	}
+}
+
+func (c *modelCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, u := range c.b.stage.Usage() {
+		t := string(u.Tenant)
+		ch <- prometheus.MustNewConstMetric(modelTokensDesc, prometheus.CounterValue, float64(u.Tokens), t)
+		for o, n := range u.Calls {
+			ch <- prometheus.MustNewConstMetric(modelCallsDesc, prometheus.CounterValue, float64(n), t, string(o))
+		}
+		for r, n := range u.Escalations {
+			ch <- prometheus.MustNewConstMetric(modelEscalationsDesc, prometheus.CounterValue, float64(n), t, r)
+		}
+	}
+	open := 0.0
+	if c.b.model.BreakerState() != model.BreakerClosed {
+		open = 1
+	}
+	ch <- prometheus.MustNewConstMetric(breakerOpenDesc, prometheus.GaugeValue, open)
+}
