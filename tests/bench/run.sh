@@ -38,8 +38,11 @@ fi
 } | tee "$OUT/machine.txt"
 
 echo
-echo "== Go benchmarks: go test -run '^\$' -bench . -benchtime ${N}x -count 1 ./tests/"
-go test -run '^$' -bench . -benchtime "${N}x" -count 1 -timeout 30m ./tests/ | tee "$OUT/go.txt"
+echo "== Go benchmarks: go test -run '^\$' -bench 'Turn|Floor' -benchtime ${N}x -count 1 ./tests/"
+go test -run '^$' -bench 'Turn|Floor' -benchtime "${N}x" -count 1 -timeout 30m ./tests/ | tee "$OUT/go.txt"
+echo
+echo "== Noisy neighbour (tenant isolation): one measurement of fixed length"
+go test -run '^$' -bench 'NoisyNeighbour' -benchtime 1x -count 1 -timeout 30m -v ./tests/ | tee -a "$OUT/go.txt"
 
 : >"$OUT/langgraph.jsonl"
 if [ "${BENCH_SKIP_LANGGRAPH:-}" = 1 ]; then
@@ -110,6 +113,17 @@ END {
 		printf "  %-44s %10.0f us\n", "4 live reply -> edge -> HTTP 200 read", m[S, "4_live_edge_http_p50_us"]
 		printf "  %-44s %10.0f us\n", "brain: database shape of a turn (4 RTs)", m["BenchmarkTurnStages/pg_turn_4rt", "p50_us"]
 		printf "  %-44s %10.0f us\n", "brain: same writes pipelined (2 RTs)", m["BenchmarkTurnStages/pg_turn_2rt", "p50_us"]
+	}
+	N = "BenchmarkNoisyNeighbour"
+	if (m[N, "a_quiet_p50_us"] != "") {
+		print ""
+		print "Noisy neighbour: A steady, B at ten times the rate of A, straight on NATS (BenchmarkNoisyNeighbour)"
+		printf "  %-44s %10.0f us / %.0f us\n", "A quiet p50 / p99", m[N, "a_quiet_p50_us"], m[N, "a_quiet_p99_us"]
+		printf "  %-44s %10.0f us / %.0f us\n", "A with B flooding p50 / p99", m[N, "a_noisy_p50_us"], m[N, "a_noisy_p99_us"]
+		printf "  %-44s %10.2fx   goal <= 2x: %s\n", "A p99 noisy / quiet", m[N, "a_p99_noisy_over_quiet"], verdict(m[N, "a_p99_noisy_over_quiet"] <= 2)
+		printf "  %-44s %10.2fx\n", "A p50 noisy / quiet", m[N, "a_p50_noisy_over_quiet"]
+		printf "  %-44s %10.0f accepted, %.0f refused over quota\n", "B", m[N, "b_accepted"], m[N, "b_refused"]
+		printf "  %-44s %10.0f (A), %.0f (B)\n", "lost", m[N, "a_lost"], m[N, "b_lost"]
 	}
 	if (nd == 0) { print ""; print "LangGraph baseline: not run (no node/npm, or skipped)"; exit 0 }
 	for (d = 1; d <= nd; d++) {
