@@ -125,7 +125,7 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 	default:
 		log = log.With("tenant_id", t.ID)
 		stop := keepAlive(m, q.ackWait)
-		ans, err = b.proc.Process(ctx, t, turn.Message{Key: key, Seq: md.Sequence.Stream, Data: m.Data()})
+		ans, err = b.proc.Process(ctx, t, turn.Message{Key: key, Seq: md.Sequence.Stream, StoredAt: md.Timestamp, Data: m.Data()})
 		stop()
 		if errors.Is(err, turn.ErrCrash) {
 			log.Warn("turn abandoned by a test hook", "error", err)

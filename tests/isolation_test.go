@@ -547,3 +547,34 @@ func TestAPIFloodIsBoundedPerTenant(t *testing.T) {
 		t.Fatalf("%d calls at once were all queued: no bound on one tenant's waiting calls", flood)
 	}
 }
+
+// A tenant's streams recreated (an upgrade, a re-provisioning) start their
+// sequences at 1 again: a decided turn submitted anew is still a replay,
+// not mistaken for the message its decision answered.
+func TestRecreatedStreamsStillTellAReplay(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("recreate-a"))
+	s.startBrain("r1", nil)
+	ea := s.startEdge(a, nil)
+	req := quoteEmail("<recreate@x>")
+	first := ea.submit(req).reply(t)
+	if first.Replayed {
+		t.Fatal("the first answer says replayed")
+	}
+	ctx := context.Background()
+	tn := &registry.Tenant{ID: a.ID, NATSAccount: a.Account.Public}
+	if err := s.stack.Streams.DeleteTenant(ctx, tn); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.stack.Streams.EnsureTenant(ctx, tn); err != nil {
+		t.Fatal(err)
+	}
+	again := ea.submit(req).reply(t)
+	if !again.Replayed || again.Action == nil || again.Action.ApprovalID != first.Action.ApprovalID {
+		t.Fatalf("after the streams were recreated: %+v, want the same decision marked replayed", again)
+	}
+	if n := count(t, s.tenantDB(a), `SELECT count(*) FROM decisions`); n != 1 {
+		t.Fatalf("%d decisions, want 1", n)
+	}
+}

@@ -386,6 +386,10 @@ func ensureTenant(ctx context.Context, ops *provision.Ops, sealer *registry.Seal
 			return nil, false, fmt.Errorf("tenant %s: the sealing key does not open its database password: "+
 				"BRAIN_SEALING_KEY changed since the tenant was provisioned; restore the old key (or docker compose down -v)", name)
 		}
+		// A state from an earlier version: this version's migrations and grants.
+		if err := ops.MigrateTenant(ctx, spec.ID); err != nil {
+			return nil, false, err
+		}
 		return acc, false, nil
 	case !errors.Is(getErr, pgx.ErrNoRows):
 		return nil, false, getErr

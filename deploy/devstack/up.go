@@ -129,8 +129,12 @@ func (s *Stack) EnsureTenant(ctx context.Context, spec provision.TenantSpec) (*T
 	row, getErr := registry.TenantGet(ctx, conn, spec.ID)
 	if getErr == nil {
 		if t, err := s.LoadTenant(spec.ID); err == nil {
-			// A stack from before per-tenant streams, or whose NATS store
-			// was removed: the streams follow the registry row.
+			// A stack from an earlier version: its database gets this
+			// version's migrations and grants, and its streams follow the
+			// registry row (also when the NATS store was removed).
+			if err := s.Ops.MigrateTenant(ctx, spec.ID); err != nil {
+				return nil, err
+			}
 			if err := s.Streams.EnsureTenant(ctx, &row); err != nil {
 				return nil, err
 			}

@@ -119,21 +119,28 @@ type Decision struct {
 	Turn        int
 	Fingerprint string
 	TurnSeq     uint64
-	Status      wire.WorkItemStatus
-	Action      catalogue.Name
-	Reply       []byte
-	CreatedAt   time.Time
+	// TurnStoredAt is when the answered turn message was stored in its
+	// stream (zero for decisions from before it was recorded).
+	TurnStoredAt time.Time
+	Status       wire.WorkItemStatus
+	Action       catalogue.Name
+	Reply        []byte
+	CreatedAt    time.Time
 }
 
 // DecisionGetByTurn returns the decision of a turn, or ErrNotFound.
 func DecisionGetByTurn(ctx context.Context, q DBTX, workItemID string, turn int) (Decision, error) {
 	var d Decision
 	var action *string
-	err := q.QueryRow(ctx, `SELECT work_item_id, turn, fingerprint, turn_seq, status, action, reply, created_at
+	var storedAt *time.Time
+	err := q.QueryRow(ctx, `SELECT work_item_id, turn, fingerprint, turn_seq, turn_stored_at, status, action, reply, created_at
 		FROM decisions WHERE work_item_id = $1 AND turn = $2`, workItemID, turn).
-		Scan(&d.WorkItemID, &d.Turn, &d.Fingerprint, &d.TurnSeq, &d.Status, &action, &d.Reply, &d.CreatedAt)
+		Scan(&d.WorkItemID, &d.Turn, &d.Fingerprint, &d.TurnSeq, &storedAt, &d.Status, &action, &d.Reply, &d.CreatedAt)
 	if action != nil {
 		d.Action = catalogue.Name(*action)
+	}
+	if storedAt != nil {
+		d.TurnStoredAt = *storedAt
 	}
 	return d, translate(err, "get decision")
 }
@@ -218,8 +225,12 @@ func turnCommit(ctx context.Context, db interface {
 		a := string(d.Action)
 		action = &a
 	}
-	b.Queue(`INSERT INTO decisions (work_item_id, turn, fingerprint, turn_seq, status, action, reply)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`, d.WorkItemID, d.Turn, d.Fingerprint, d.TurnSeq, d.Status, action, d.Reply)
+	var storedAt *time.Time
+	if !d.TurnStoredAt.IsZero() {
+		storedAt = &d.TurnStoredAt
+	}
+	b.Queue(`INSERT INTO decisions (work_item_id, turn, fingerprint, turn_seq, turn_stored_at, status, action, reply)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, d.WorkItemID, d.Turn, d.Fingerprint, d.TurnSeq, storedAt, d.Status, action, d.Reply)
 	for _, s := range w.Extra {
 		b.Queue(s.SQL, s.Args...)
 	}

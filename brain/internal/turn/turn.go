@@ -92,11 +92,24 @@ type Answer struct {
 	Replayed    bool
 }
 
-// Message is a turn as it came off the TURNS stream.
+// Message is a turn as it came off the tenant's turn stream.
 type Message struct {
-	Key  string // turn key from the subject
-	Seq  uint64 // TURNS stream sequence
-	Data []byte
+	Key string // turn key from the subject
+	Seq uint64 // stream sequence
+	// StoredAt is when the stream stored it: with Seq, the message's
+	// identity even across a recreated stream.
+	StoredAt time.Time
+	Data     []byte
+}
+
+// sameMessage reports whether d answered the message m itself (a replica
+// died after committing, and m is its redelivery).
+func sameMessage(d store.Decision, m Message) bool {
+	if d.TurnSeq != m.Seq {
+		return false
+	}
+	// Decisions from before the time was recorded compare by sequence only.
+	return d.TurnStoredAt.IsZero() || d.TurnStoredAt.Equal(m.StoredAt.Truncate(time.Microsecond))
 }
 
 // Process decides one turn. Problems the caller made (bad payload, wrong
@@ -194,7 +207,7 @@ func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry
 		return Answer{}, fmt.Errorf("encode reply: %w", err)
 	}
 	w.Decision = store.Decision{WorkItemID: req.WorkItemID, Turn: req.Turn, Fingerprint: ans.Fingerprint, TurnSeq: m.Seq,
-		Status: out.Status, Reply: body}
+		TurnStoredAt: m.StoredAt.Truncate(time.Microsecond), Status: out.Status, Reply: body}
 	if out.Action != nil {
 		w.Decision.Action = out.Action.Action.Name
 	}
@@ -225,7 +238,7 @@ func (p *Processor) replay(ctx context.Context, q store.DBTX, req *wire.TurnSubm
 	}
 	p.Counters.Replayed.Add(1)
 	ans.OK = true
-	if d.TurnSeq == m.Seq {
+	if sameMessage(d, m) {
 		// The same message again (a replica died after committing): the
 		// original answer, byte for byte.
 		ans.Body = d.Reply
