@@ -127,10 +127,10 @@ func TestApprovalQueue(t *testing.T) {
 	}
 
 	for _, tc := range []struct{ query, want string }{
-		{"HIGH.example", "<q2@x> <q5@x>"},   // sender, any case
-		{"Smith & Sons", "<q4@x>"},          // sender's name
-		{"50% off_road", "<q2@x>"},          // LIKE's wildcards are plain characters
-		{"quote", "<q2@x> <q5@x>"},          // subject
+		{"HIGH.example", "<q2@x> <q5@x>"}, // sender, any case
+		{"Smith & Sons", "<q4@x>"},        // sender's name
+		{"50% off_road", "<q2@x>"},        // LIKE's wildcards are plain characters
+		{"quote", "<q2@x> <q5@x>"},        // subject
 		{"nothing like this", ""},
 	} {
 		t.Run("Search"+strings.ReplaceAll(tc.query, " ", ""), func(t *testing.T) {
