@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/crypto/bcrypt"
 )
@@ -31,6 +32,8 @@ type reviewers struct {
 	dummy []byte
 	// slots bounds concurrent bcrypt comparisons: each is deliberately slow.
 	slots chan struct{}
+	// compared counts bcrypt comparisons (what throttling must spare).
+	compared atomic.Int64
 }
 
 // loadReviewers reads and checks a reviewers file: "name:<bcrypt hash>" a
@@ -100,6 +103,7 @@ func (rv *reviewers) check(ctx context.Context, name, password string) bool {
 	case <-ctx.Done():
 		return false
 	}
+	rv.compared.Add(1)
 	ok := bcrypt.CompareHashAndPassword(hash, []byte(password)) == nil
 	return ok && known
 }

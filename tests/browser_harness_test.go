@@ -22,9 +22,9 @@ import (
 // over the DevTools protocol by chromedp, against a real edge, brain, NATS
 // and Postgres. A browser test fails when chromium is missing (install it
 // with apt-get install chromium), unless -short is given. When a test
-// fails, every page it had open is saved as a screenshot under
-// .data/test-screenshots/<test name>/ in the repository, and the test log
-// says where.
+// fails (or REVIEW_SCREENSHOTS is set), every page it had open is saved as
+// a screenshot under .data/test-screenshots/<test name>/ in the
+// repository, and the test log says where.
 
 // chromiumPath finds the browser, or fails (skips with -short).
 func chromiumPath(t *testing.T) string {
@@ -84,7 +84,7 @@ func newBrowser(t *testing.T) *browser {
 	}
 	b.shots = shots
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || os.Getenv("REVIEW_SCREENSHOTS") != "" {
 			b.screenshots()
 		}
 		b.mu.Lock()
@@ -163,7 +163,7 @@ func (b *browser) screenshots() {
 			b.t.Logf("screenshot: %v", err)
 		}
 	}
-	b.t.Logf("screenshots of the failed test's pages: %s", b.shots)
+	b.t.Logf("screenshots of the test's pages: %s", b.shots)
 }
 
 // do runs browser steps with a deadline, failing the test on error.
