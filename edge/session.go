@@ -370,12 +370,10 @@ func reviewOff(w http.ResponseWriter, r *http.Request) {
 
 type loginPage struct {
 	page
-	Next    string
-	Name    string
-	Error   string
-	Notice  string
-	Wait    string
-	Blocked bool
+	Next   string
+	Name   string
+	Error  string
+	Notice string
 }
 
 // localNext is a sign-in's destination: a path of the review page, or the
@@ -445,7 +443,6 @@ func handleLogin(d deps) http.Handler {
 			secs := int(math.Ceil(wait.Seconds()))
 			annotate(r.Context(), slog.String("error_code", string(wire.CodeRateLimited)))
 			w.Header().Set("Retry-After", strconv.Itoa(secs))
-			p.Blocked, p.Wait = true, span(time.Duration(secs)*time.Second)
 			p.Error = "Too many failed sign-ins for this name or from this computer. Wait " + waitWords(secs) + ", then try again."
 			render(w, r, http.StatusTooManyRequests, "login", p)
 			return
