@@ -63,7 +63,7 @@ var forms = map[Version]map[Name]formText{
 		DraftReply: {title: "Reply by e-mail", fields: map[string]fieldText{
 			"subject": {label: "Subject", help: "The subject line of the reply."},
 			"body":    {label: "Reply", help: "The text of the reply, exactly as it will be sent.", multiline: true},
-			"tone":    {label: "Tone", help: "How the draft was written. Changing the text does not change this.", readOnly: true},
+			"tone":    {label: "Tone", help: "How the reply is written. Choosing another does not rewrite the text."},
 		}},
 		SendReply: {title: "Send the approved reply", fields: map[string]fieldText{
 			"approval_id":            {label: "Approval", readOnly: true},

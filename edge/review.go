@@ -406,9 +406,14 @@ func (d deps) approvalPage(r *http.Request, rep wire.ApprovalGetReply) approvalP
 		p.Email = ev
 		p.HiddenCount += hiddenCount(e.From) + hiddenCount(e.Subject) + hiddenCount(e.Body) + hiddenCount(ev.To)
 	}
-	p.HiddenCount += hiddenCount(string(a.Proposed)) + hiddenCount(string(a.Edited))
-
 	proposed := paramValues(a.Proposed)
+	p.HiddenCount += hiddenCount(a.WorkItemID)
+	for _, vals := range []map[string]string{proposed, paramValues(a.Edited)} {
+		for _, v := range vals {
+			p.HiddenCount += hiddenCount(v)
+		}
+	}
+
 	if p.Open {
 		se := sessionOf(r.Context())
 		p.CSRF = formToken(d.csrfKey, se, a.ID)

@@ -508,7 +508,7 @@ func TestReviewPages(t *testing.T) {
 			"e-mailed to customer@example.com", "Approve and send the reply",
 			`value="Re: Quote for a new hot water system"`, "we can quote on Tuesday.", a.ProposedSHA256,
 			`name="decision" value="approve"`, `name="decision" value="reject"`, `name="reason"`,
-			"Tone (cannot be changed)", "friendly",
+			`<select id="f-tone" name="p.tone"`, `<option value="friendly" selected>`,
 		} {
 			if !strings.Contains(page, want) {
 				t.Errorf("the page lacks %q", want)
@@ -519,9 +519,6 @@ func TestReviewPages(t *testing.T) {
 		form := page[strings.Index(page, `<form id="approve-form"`):]
 		if first := regexp.MustCompile(`<button[^>]*>`).FindString(form); !strings.Contains(first, "disabled") {
 			t.Errorf("the decision form's first button is %s, want a disabled one", first)
-		}
-		if strings.Contains(page, `name="p.tone"`) {
-			t.Error("the read-only tone is a form field")
 		}
 		if c := next(t, fa.calls, "approval.get"); c.approvalID() != id {
 			t.Errorf("the page asked for %s", c.Body)
@@ -612,10 +609,10 @@ func TestReviewDecide(t *testing.T) {
 		f := proposedForm(b.csrfOf(t, id))
 		f.Set("p.subject", "Re: Your quote")
 		f.Set("p.body", "Hello,\r\nTuesday at 9 works.\r\n<b>Bob</b> ⟦U+202E right-to-left override⟧")
-		f.Set("p.tone", "formal") // read-only: ignored
+		f.Set("p.tone", "formal")
 		post(t, id, f)
 		req := decided(t, id)
-		want := `{"body":"Hello,\nTuesday at 9 works.\n\u003cb\u003eBob\u003c/b\u003e ` + "\u202e" + `","subject":"Re: Your quote","tone":"friendly"}`
+		want := `{"body":"Hello,\nTuesday at 9 works.\n\u003cb\u003eBob\u003c/b\u003e ` + "\u202e" + `","subject":"Re: Your quote","tone":"formal"}`
 		if req.Decision != wire.DecisionEdit || string(req.Edited) != want {
 			t.Errorf("the brain got %s %s, want edit with %s", req.Decision, req.Edited, want)
 		}

@@ -188,6 +188,26 @@ func eval[T any](t *testing.T, tb *tab, expr string) T {
 	return v
 }
 
+// waitFor polls a JavaScript condition until it holds, for what has no
+// element to wait on (a navigation that replaces a page with a similar
+// one). An evaluation cut short by the navigation itself is retried.
+func (tb *tab) waitFor(t *testing.T, cond string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(tb.ctx, time.Second)
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](cond))
+		cancel()
+		if err == nil && ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("browser (%s): timed out waiting for %s (last error %v)", tb.name, cond, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // text is the visible text of the page's main element.
 func (tb *tab) text(t *testing.T) string {
 	t.Helper()

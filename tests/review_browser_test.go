@@ -139,7 +139,8 @@ func TestReviewPageInBrowser(t *testing.T) {
 		alice.wantText(t, "From Smith & Sons", "office@smith.example", "Subject: Leak in the kitchen",
 			"Urgent", "Booking", "High", "Quote request", "Waiting", "Expires in", "Showing 1–5 of 5")
 		// Search by sender, then by subject.
-		alice.do(t, chromedp.SendKeys(css("#q"), "smith"+kb.Enter), chromedp.WaitVisible(css("#count")))
+		alice.do(t, chromedp.SendKeys(css("#q"), "smith"+kb.Enter))
+		alice.waitFor(t, `location.search.includes("q=smith") && document.readyState === "complete"`)
 		alice.wantText(t, "Showing 1–1 of 1", "Create a job for Smith & Sons")
 		alice.do(t, chromedp.Navigate(base+"/review?q=tiles"), chromedp.WaitVisible(css("#count")))
 		alice.wantText(t, "Reply to Norma")

@@ -24,7 +24,8 @@ UPDATE approvals a SET
     confidence        = (d.assessment ->> 'confidence')::double precision,
     assessment_source = d.assessment ->> 'source',
     assessment_rule   = NULLIF(d.assessment ->> 'rule', '')
-FROM (SELECT work_item_id, turn, convert_from(reply, 'UTF8')::jsonb -> 'assessment' AS assessment FROM decisions) d
+FROM (SELECT d.work_item_id, d.turn, convert_from(d.reply, 'UTF8')::jsonb -> 'assessment' AS assessment
+      FROM decisions d JOIN approvals p ON p.work_item_id = d.work_item_id AND p.turn = d.turn) d
 WHERE d.work_item_id = a.work_item_id AND d.turn = a.turn AND jsonb_typeof(d.assessment) = 'object';
 
 UPDATE approvals a SET email_from = w.email ->> 'from', email_subject = w.email ->> 'subject'
