@@ -29,6 +29,8 @@ const (
 	maxByBytes = 100
 	// maxReasonBytes is the brain's limit on a rejection reason.
 	maxReasonBytes = 1000
+	// maxCursorBytes bounds a listing cursor (the brain's are far shorter).
+	maxCursorBytes = 1024
 )
 
 // approvalStatuses are the statuses GET /v1/approvals filters on.
@@ -37,10 +39,11 @@ var approvalStatuses = []wire.ApprovalStatus{
 	wire.ApprovalStatusExpired, wire.ApprovalStatusSuperseded,
 }
 
-// handleApprovalList answers GET /v1/approvals?status=pending&limit=50.
+// handleApprovalList answers GET /v1/approvals?status=pending&limit=50
+// &q=<sender or subject>&cursor=<next_cursor>&brief=true.
 func handleApprovalList(d deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		q, err := strictQuery(r.URL.RawQuery, "status", "limit")
+		q, err := strictQuery(r.URL.RawQuery, "status", "limit", "q", "cursor", "brief")
 		if err != nil {
 			fail(r.Context(), w, err)
 			return
@@ -62,6 +65,30 @@ func handleApprovalList(d deps) http.Handler {
 				return
 			}
 			req.Limit = n
+		}
+		if v, ok := q["q"]; ok {
+			if len(v) > wire.MaxApprovalQueryBytes || hasControl(v) {
+				fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Field: "q",
+					Message: "q must be text of at most " + strconv.Itoa(wire.MaxApprovalQueryBytes) + " bytes"})
+				return
+			}
+			req.Query = v
+		}
+		if v, ok := q["cursor"]; ok {
+			if v == "" || len(v) > maxCursorBytes {
+				fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Field: "cursor",
+					Message: "cursor must be the next_cursor of the previous page"})
+				return
+			}
+			req.Cursor = v
+		}
+		if v, ok := q["brief"]; ok {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Field: "brief", Message: "brief must be true or false"})
+				return
+			}
+			req.Brief = b
 		}
 		annotate(r.Context(), slog.String("status_filter", string(req.Status)))
 		serveCall(w, r, d, subjects.APIApprovalList, req)

@@ -38,7 +38,7 @@ func answerAPI(c apiCall) apiAnswer {
 	}
 	switch c.Method {
 	case subjects.APIApprovalList:
-		return apiAnswer{Reply: wire.ApprovalListReply{Approvals: []wire.Approval{sampleApproval(testUUID(1)), sampleApproval(testUUID(2))}}}
+		return apiAnswer{Reply: wire.ApprovalListReply{Approvals: []wire.Approval{sampleApproval(testUUID(1)), sampleApproval(testUUID(2))}, Total: 2}}
 	case subjects.APIApprovalGet:
 		a := sampleApproval(id)
 		switch id {
@@ -99,6 +99,16 @@ func TestApprovalAPIRelays(t *testing.T) {
 		must(t, wire.DecodeAPI(next(t, fa.calls, "approval.list").Body, &req))
 		if req.Status != wire.ApprovalStatusExpired || req.Limit != 200 {
 			t.Errorf("the brain got %+v, want expired 200", req)
+		}
+
+		r = e.do(t, http.MethodGet, "/v1/approvals?q=Smith+%26+Sons&cursor=abc&brief=true", nil, nil)
+		if r.status != 200 {
+			t.Fatalf("status %d body %s", r.status, r.body)
+		}
+		req = wire.ApprovalListRequest{}
+		must(t, wire.DecodeAPI(next(t, fa.calls, "approval.list").Body, &req))
+		if req.Query != "Smith & Sons" || req.Cursor != "abc" || !req.Brief {
+			t.Errorf("the brain got %+v, want the query, cursor and brief passed on", req)
 		}
 	})
 
@@ -199,6 +209,10 @@ func TestApprovalAPIRejects(t *testing.T) {
 		{name: "LimitTooBig", method: "GET", path: "/v1/approvals?limit=201", status: 400, field: "limit"},
 		{name: "LimitNotANumber", method: "GET", path: "/v1/approvals?limit=ten", status: 400, field: "limit"},
 		{name: "UnknownQuery", method: "GET", path: "/v1/approvals?state=pending", status: 400, field: "state"},
+		{name: "SearchTooLong", method: "GET", path: "/v1/approvals?q=" + strings.Repeat("x", 201), status: 400, field: "q"},
+		{name: "SearchControl", method: "GET", path: "/v1/approvals?q=a%07b", status: 400, field: "q"},
+		{name: "EmptyCursor", method: "GET", path: "/v1/approvals?cursor=", status: 400, field: "cursor"},
+		{name: "BriefNotBool", method: "GET", path: "/v1/approvals?brief=yes", status: 400, field: "brief"},
 		{name: "RepeatedQuery", method: "GET", path: "/v1/approvals?status=pending&status=expired", status: 400, field: "status"},
 		{name: "GetBadID", method: "GET", path: "/v1/approvals/not-a-uuid", status: 400, field: "id"},
 		{name: "GetUppercaseID", method: "GET", path: "/v1/approvals/" + strings.ToUpper("0000000a-0000-4000-8000-00000000000a"), status: 400, field: "id"},

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -45,6 +46,26 @@ type Config struct {
 	// "name:<bcrypt hash>" a line, # for comments [EDGE_REVIEWERS_FILE].
 	// Empty: the review page is off (its routes answer 404).
 	ReviewersFile string
+	// ReviewSecureCookie marks the review page's session cookie Secure
+	// [EDGE_REVIEW_SECURE_COOKIE=true]. Set it when reviewers reach the page
+	// over HTTPS through a proxy that terminates TLS; a request that reaches
+	// the edge itself over TLS always gets a Secure cookie.
+	ReviewSecureCookie bool
+	// ReviewSessionIdle ends a reviewer's session after this long without
+	// a request [EDGE_REVIEW_SESSION_IDLE]. Default 1h; a session never
+	// lasts more than 12h.
+	ReviewSessionIdle time.Duration
+	// ReviewTimeZone is the IANA time zone the review page writes times in,
+	// the office's [EDGE_REVIEW_TIMEZONE], e.g. Australia/Sydney. Default
+	// the edge's local zone. Browsers then show them in their own zone.
+	ReviewTimeZone string
+	// ReviewClientIPHeader names a header that carries the client's address
+	// when the edge sits behind a reverse proxy that sets it, e.g.
+	// X-Forwarded-For (its last entry is used) [EDGE_REVIEW_CLIENT_IP_HEADER].
+	// Failed sign-ins are throttled per address; without it, behind a
+	// proxy every reviewer would share the proxy's. Only set it behind
+	// such a proxy: a client could otherwise choose its own address.
+	ReviewClientIPHeader string
 
 	// WebhookURL is n8n's Webhook node, where the brain's events are
 	// delivered [EDGE_WEBHOOK_URL]. Empty: events are not delivered and the
@@ -68,9 +89,10 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultAddr           = "127.0.0.1:8480"
-	DefaultTurnWait       = 10 * time.Second
-	DefaultPublishTimeout = 5 * time.Second
+	DefaultAddr              = "127.0.0.1:8480"
+	DefaultReviewSessionIdle = time.Hour
+	DefaultTurnWait          = 10 * time.Second
+	DefaultPublishTimeout    = 5 * time.Second
 
 	DefaultWebhookTimeout         = 10 * time.Second
 	DefaultWebhookRetries         = 8
@@ -90,6 +112,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.ReviewSessionIdle == 0 {
+		c.ReviewSessionIdle = DefaultReviewSessionIdle
 	}
 	if c.WebhookTimeout == 0 {
 		c.WebhookTimeout = DefaultWebhookTimeout
@@ -150,6 +175,17 @@ func (c Config) validate() error {
 	if c.PublishTimeout < 0 {
 		errs = append(errs, fmt.Errorf("EDGE_PUBLISH_TIMEOUT is %s; it must be positive", c.PublishTimeout))
 	}
+	if c.ReviewSessionIdle < 0 || c.ReviewSessionIdle > sessionMaxAge {
+		errs = append(errs, fmt.Errorf("EDGE_REVIEW_SESSION_IDLE is %s; it must be positive and at most %s", c.ReviewSessionIdle, sessionMaxAge))
+	}
+	if c.ReviewTimeZone != "" {
+		if _, err := time.LoadLocation(c.ReviewTimeZone); err != nil {
+			errs = append(errs, fmt.Errorf("EDGE_REVIEW_TIMEZONE %q is not an IANA time zone such as Europe/London", c.ReviewTimeZone))
+		}
+	}
+	if h := c.ReviewClientIPHeader; h != "" && (!headerSafe(h) || strings.ContainsAny(h, ":")) {
+		errs = append(errs, fmt.Errorf("EDGE_REVIEW_CLIENT_IP_HEADER %q is not a header name", h))
+	}
 	return errors.Join(errs...)
 }
 
@@ -166,14 +202,16 @@ func headerSafe(s string) bool {
 // defaulted, validated Config.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	c := Config{
-		TenantID:      getenv("EDGE_TENANT_ID"),
-		Addr:          getenv("EDGE_ADDR"),
-		NATSURL:       getenv("EDGE_NATS_URL"),
-		CredsFile:     getenv("EDGE_NATS_CREDS"),
-		Token:         getenv("EDGE_TOKEN"),
-		ReviewersFile: getenv("EDGE_REVIEWERS_FILE"),
-		WebhookURL:    getenv("EDGE_WEBHOOK_URL"),
-		WebhookSecret: getenv("EDGE_WEBHOOK_SECRET"),
+		TenantID:             getenv("EDGE_TENANT_ID"),
+		Addr:                 getenv("EDGE_ADDR"),
+		NATSURL:              getenv("EDGE_NATS_URL"),
+		CredsFile:            getenv("EDGE_NATS_CREDS"),
+		Token:                getenv("EDGE_TOKEN"),
+		ReviewersFile:        getenv("EDGE_REVIEWERS_FILE"),
+		ReviewTimeZone:       getenv("EDGE_REVIEW_TIMEZONE"),
+		ReviewClientIPHeader: getenv("EDGE_REVIEW_CLIENT_IP_HEADER"),
+		WebhookURL:           getenv("EDGE_WEBHOOK_URL"),
+		WebhookSecret:        getenv("EDGE_WEBHOOK_SECRET"),
 	}
 	var errs []error
 	for _, f := range []struct {
@@ -196,7 +234,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	for _, d := range []struct {
 		name string
 		dst  *time.Duration
-	}{{"EDGE_TURN_WAIT", &c.TurnWait}, {"EDGE_PUBLISH_TIMEOUT", &c.PublishTimeout}, {"EDGE_WEBHOOK_TIMEOUT", &c.WebhookTimeout}} {
+	}{{"EDGE_TURN_WAIT", &c.TurnWait}, {"EDGE_PUBLISH_TIMEOUT", &c.PublishTimeout}, {"EDGE_WEBHOOK_TIMEOUT", &c.WebhookTimeout},
+		{"EDGE_REVIEW_SESSION_IDLE", &c.ReviewSessionIdle}} {
 		v := getenv(d.name)
 		if v == "" {
 			continue
@@ -207,6 +246,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			continue
 		}
 		*d.dst = dur
+	}
+	if v := getenv("EDGE_REVIEW_SECURE_COOKIE"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("EDGE_REVIEW_SECURE_COOKIE is %q; want true or false", v))
+		}
+		c.ReviewSecureCookie = b
 	}
 	c = c.withDefaults()
 	if err := c.validate(); err != nil {
@@ -278,10 +324,17 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 		nc.Close()
 		return err
 	}
+	var auth *reviewAuth
 	if rv == nil {
 		logger.Info("review page off: EDGE_REVIEWERS_FILE is not set")
 	} else {
-		logger.Info("review page on", "reviewers", len(rv.hashes))
+		auth = &reviewAuth{reviewers: rv, sessions: newSessions(cfg.ReviewSessionIdle, time.Now),
+			throttle: newLoginThrottle(time.Now), secureCookie: cfg.ReviewSecureCookie, ipHeader: cfg.ReviewClientIPHeader}
+		logger.Info("review page on", "reviewers", len(rv.hashes), "secure_cookie", cfg.ReviewSecureCookie)
+	}
+	loc := time.Local
+	if cfg.ReviewTimeZone != "" {
+		loc, _ = time.LoadLocation(cfg.ReviewTimeZone) // checked by validate
 	}
 	var ev *events
 	if cfg.WebhookURL == "" {
@@ -298,8 +351,9 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 			token:     cfg.Token,
 			connected: func() bool { return nc.Status() == nats.CONNECTED },
 			logger:    logger,
-			reviewers: rv,
+			auth:      auth,
 			csrfKey:   csrfKey(cfg.Token),
+			clock:     &reviewClock{loc: loc, now: time.Now},
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,

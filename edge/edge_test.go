@@ -744,6 +744,21 @@ func TestConfigFromEnv(t *testing.T) {
 		{name: "WebhookFTP", env: with("EDGE_WEBHOOK_URL", "ftp://n8n/w", "EDGE_WEBHOOK_SECRET", testWebhookSecret), wantErr: "EDGE_WEBHOOK_URL"},
 		{name: "BadWebhookTimeout", env: with("EDGE_WEBHOOK_TIMEOUT", "soon"), wantErr: "EDGE_WEBHOOK_TIMEOUT"},
 		{name: "NegativePublishTimeout", env: with("EDGE_PUBLISH_TIMEOUT", "-1s"), wantErr: "EDGE_PUBLISH_TIMEOUT"},
+		{name: "ReviewDefaults", env: base, check: func(t *testing.T, c Config) {
+			if c.ReviewSessionIdle != DefaultReviewSessionIdle || c.ReviewSecureCookie || c.ReviewTimeZone != "" || c.ReviewClientIPHeader != "" {
+				t.Errorf("%+v", c)
+			}
+		}},
+		{name: "Review", env: with("EDGE_REVIEW_SECURE_COOKIE", "true", "EDGE_REVIEW_SESSION_IDLE", "20m",
+			"EDGE_REVIEW_TIMEZONE", "Australia/Sydney", "EDGE_REVIEW_CLIENT_IP_HEADER", "X-Forwarded-For"), check: func(t *testing.T, c Config) {
+			if !c.ReviewSecureCookie || c.ReviewSessionIdle != 20*time.Minute || c.ReviewTimeZone != "Australia/Sydney" || c.ReviewClientIPHeader != "X-Forwarded-For" {
+				t.Errorf("%+v", c)
+			}
+		}},
+		{name: "BadSecureCookie", env: with("EDGE_REVIEW_SECURE_COOKIE", "yes please"), wantErr: "EDGE_REVIEW_SECURE_COOKIE"},
+		{name: "LongSessionIdle", env: with("EDGE_REVIEW_SESSION_IDLE", "24h"), wantErr: "EDGE_REVIEW_SESSION_IDLE"},
+		{name: "BadTimeZone", env: with("EDGE_REVIEW_TIMEZONE", "Mars/Olympus"), wantErr: "EDGE_REVIEW_TIMEZONE"},
+		{name: "BadIPHeader", env: with("EDGE_REVIEW_CLIENT_IP_HEADER", "X-Real-IP: 1"), wantErr: "EDGE_REVIEW_CLIENT_IP_HEADER"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -559,6 +559,9 @@ func sampleApproval(id string) wire.Approval {
 		ApprovalMode: "review_app", Proof: wire.ProofExactText, Status: wire.ApprovalStatusPending,
 		Proposed: proposed, ProposedSHA256: wire.ContentSHA256(proposed),
 		ExpiresAt: now.Add(24 * time.Hour), CreatedAt: now.Add(-time.Minute),
+		Assessment: &wire.Assessment{Category: "quote_request", Priority: "high", Confidence: 0.82, Source: "model"},
+		Sender:     "Customer <customer@example.com>", Subject: "Quote for a new <b>hot water</b> system",
+		Recipient: "customer@example.com",
 	}
 }
 

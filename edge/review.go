@@ -1,331 +1,578 @@
 package edge
 
 import (
-	"bufio"
 	"bytes"
-	"context"
-	"crypto/hkdf"
 	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
 	"embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"html/template"
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
-	"regexp"
-	"runtime"
+	"slices"
 	"strconv"
 	"strings"
-	"time"
-
-	"golang.org/x/crypto/bcrypt"
 
 	"n8nbrain/catalogue"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
 )
 
-// The review page: a human reads the e-mail and the proposed content of an
-// approval, then approves, edits and approves, or rejects it (DESIGN §6).
-// Server-rendered, no JavaScript. Reviewers sign in with HTTP Basic against
-// EDGE_REVIEWERS_FILE; the decision is recorded as "reviewer:<name>".
+// The review page: office staff read the e-mail, why the brain proposed an
+// action and what approving it will do, then approve it (as proposed or
+// changed in a form typed from the catalogue) or reject it (DESIGN §6).
+// Server-rendered HTML under a strict CSP; one small script only turns
+// times into the browser's own time zone. Decisions are recorded as
+// "reviewer:<name>".
 //
-// CSRF: each form carries HMAC-SHA256(key, reviewer, approval id), with the
-// key derived from the edge's bearer token by HKDF. Deriving it (rather than
-// drawing it at start) keeps a page loaded before a restart usable after it,
-// and the token is a secret only n8n and the edge hold. A POST must also
-// come from the page itself: Sec-Fetch-Site, when sent, must be same-origin,
-// and Origin, when sent, must be this host (see crossSite for Origin null).
+// Forms: each carries a token bound to the session and the approval
+// (formToken), and a POST must come from the page itself (crossSite). The
+// decision form cannot be sent by pressing Enter in a field: its first
+// submit button is disabled, which the HTML standard makes stop implicit
+// submission; only the buttons decide.
 
-//go:embed review/*.html
+//go:embed review/*.html review/assets/*
 var reviewFS embed.FS
 
 var reviewTemplates = template.Must(template.New("review").Funcs(template.FuncMap{
-	"when":  formatTime,
-	"whenp": func(t *time.Time) string { return formatTime(*t) },
+	"visible": visible,
+	"marked":  marked,
+	"asset":   assetURL,
 }).ParseFS(reviewFS, "review/*.html"))
 
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04 UTC") }
-
 const (
-	// reviewListLimit is how many pending approvals the list shows.
-	reviewListLimit = 200
-	// csrfInfo is the HKDF info of the CSRF key; a new version changes it.
-	csrfInfo = "n8nbrain edge review csrf v1"
+	// reviewPageSize is how many approvals a page of the list shows.
+	reviewPageSize = 50
 )
-
-// reviewerName is the shape of a reviewer's name in EDGE_REVIEWERS_FILE.
-var reviewerName = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
-
-// reviewers are the accounts of the review page.
-type reviewers struct {
-	hashes map[string][]byte
-	// dummy is compared for an unknown name, at the highest cost in the
-	// file, so that the time of a refusal does not tell which names exist.
-	dummy []byte
-	// slots bounds concurrent bcrypt comparisons: each is deliberately slow.
-	slots chan struct{}
-}
-
-// loadReviewers reads and checks a reviewers file: "name:<bcrypt hash>" a
-// line, blank lines and # comments ignored.
-func loadReviewers(path string) (*reviewers, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("EDGE_REVIEWERS_FILE: %w", err)
-	}
-	defer f.Close()
-	rv := &reviewers{hashes: map[string][]byte{}, slots: make(chan struct{}, runtime.GOMAXPROCS(0))}
-	maxCost := bcrypt.MinCost
-	var errs []error
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, hash, ok := strings.Cut(line, ":")
-		switch {
-		case !ok:
-			errs = append(errs, fmt.Errorf("line %d: want name:<bcrypt hash>", n))
-			continue
-		case !reviewerName.MatchString(name):
-			errs = append(errs, fmt.Errorf("line %d: reviewer name %q: want 1 to 64 of a-z 0-9 . _ -", n, name))
-			continue
-		case rv.hashes[name] != nil:
-			errs = append(errs, fmt.Errorf("line %d: reviewer %q is listed twice", n, name))
-			continue
-		}
-		cost, err := bcrypt.Cost([]byte(hash))
-		if err != nil {
-			// Never the hash itself in the message.
-			errs = append(errs, fmt.Errorf("line %d: reviewer %q: the hash is not a bcrypt hash (%v)", n, name, err))
-			continue
-		}
-		maxCost = max(maxCost, cost)
-		rv.hashes[name] = []byte(hash)
-	}
-	if err := sc.Err(); err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) == 0 && len(rv.hashes) == 0 {
-		errs = append(errs, errors.New("it lists no reviewers"))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("EDGE_REVIEWERS_FILE %s: %w", path, err)
-	}
-	rv.dummy, err = bcrypt.GenerateFromPassword([]byte(rand.Text()), maxCost)
-	if err != nil {
-		return nil, fmt.Errorf("reviewers: dummy hash: %w", err)
-	}
-	return rv, nil
-}
-
-// check reports whether name and password are a reviewer's. It always
-// runs one bcrypt comparison, for unknown names too.
-func (rv *reviewers) check(ctx context.Context, name, password string) bool {
-	hash, known := rv.hashes[name]
-	if !known {
-		hash = rv.dummy
-	}
-	select {
-	case rv.slots <- struct{}{}:
-		defer func() { <-rv.slots }()
-	case <-ctx.Done():
-		return false
-	}
-	ok := bcrypt.CompareHashAndPassword(hash, []byte(password)) == nil
-	return ok && known
-}
-
-// csrfKey derives the review page's CSRF key from the bearer token.
-func csrfKey(token string) []byte {
-	key, err := hkdf.Key(sha256.New, []byte(token), nil, csrfInfo, sha256.Size)
-	if err != nil { // cannot happen: the length is far below HKDF's limit
-		panic(err)
-	}
-	return key
-}
-
-// csrfToken binds a form to the reviewer who loaded it and the approval.
-func csrfToken(key []byte, reviewer, approvalID string) string {
-	mac := hmac.New(sha256.New, key)
-	mac.Write([]byte(reviewer))
-	mac.Write([]byte{0})
-	mac.Write([]byte(approvalID))
-	return hex.EncodeToString(mac.Sum(nil))
-}
-
-type reviewerKey struct{}
-
-// reviewerOf is the signed-in reviewer of a request past requireReviewer.
-func reviewerOf(ctx context.Context) string {
-	name, _ := ctx.Value(reviewerKey{}).(string)
-	return name
-}
-
-// requireReviewer sets the review page's security headers, answers 404
-// when the review page is off and 401 without a reviewer's credentials.
-func requireReviewer(d deps, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Referrer-Policy", "no-referrer")
-		h.Set("Cache-Control", "no-store")
-		if d.reviewers == nil {
-			annotate(r.Context(), slog.String("error_code", string(wire.CodeNotFound)))
-			writeText(w, http.StatusNotFound, "The review page is off: this edge has no reviewers (EDGE_REVIEWERS_FILE is not set).\n")
-			return
-		}
-		name, password, ok := r.BasicAuth()
-		if !ok || !d.reviewers.check(r.Context(), name, password) {
-			annotate(r.Context(), slog.String("error_code", string(wire.CodeUnauthorized)))
-			h.Set("WWW-Authenticate", `Basic realm="review"`)
-			writeText(w, http.StatusUnauthorized, "Sign in with a reviewer's name and password.\n")
-			return
-		}
-		annotate(r.Context(), slog.String("reviewer", name))
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), reviewerKey{}, name)))
-	})
-}
 
 // page is what every review page shows in its header.
 type page struct {
 	Title    string
 	Reviewer string
+	// LogoutCSRF is the sign-out form's token; empty when signed out.
+	LogoutCSRF string
+}
+
+func pageFor(d deps, r *http.Request, title string) page {
+	se := sessionOf(r.Context())
+	p := page{Title: title, Reviewer: se.reviewer}
+	if se.reviewer != "" {
+		p.LogoutCSRF = formToken(d.csrfKey, se, "logout")
+	}
+	return p
+}
+
+// statusChoices are the list's status filter, in the order offered.
+var statusChoices = []struct {
+	Value wire.ApprovalStatus
+	Label string
+}{
+	{wire.ApprovalStatusPending, "Waiting for a decision"},
+	{wire.ApprovalStatusApproved, "Approved"},
+	{wire.ApprovalStatusRejected, "Rejected"},
+	{wire.ApprovalStatusExpired, "Expired"},
+	{wire.ApprovalStatusSuperseded, "Handled outside"},
 }
 
 type listPage struct {
 	page
-	Approvals []wire.Approval
-	More      bool
+	Status  wire.ApprovalStatus
+	Query   string
+	Choices []statusChoice
+	Rows    []listRow
+	Total   int
+	From    int
+	To      int
+	NextURL string
+	// FirstURL is set on pages after the first.
+	FirstURL string
+	Error    string
 }
 
-// handleReviewList shows the pending approvals.
+type statusChoice struct {
+	Value    wire.ApprovalStatus
+	Label    string
+	Selected bool
+}
+
+// listRow is one approval in the list.
+type listRow struct {
+	ID         string
+	Summary    string
+	SenderName string
+	SenderAddr string
+	Subject    string
+	Category   string
+	Priority   string
+	Urgency    string // a class: urgent, high, normal, low, none
+	Created    timeView
+	Expires    timeView
+	Waiting    string // how long it has waited: "3 h"
+	Pending    bool
+	Expired    bool
+	Outcome    string
+}
+
+// handleReviewList shows a page of approvals: pending ones by default,
+// most urgent first, filterable by status and searchable by sender or
+// subject.
 func handleReviewList(d deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p := page{Title: "Pending approvals", Reviewer: reviewerOf(r.Context())}
+		p := listPage{page: pageFor(d, r, "Approvals"), Status: wire.ApprovalStatusPending}
+		q := r.URL.Query()
+		req := wire.ApprovalListRequest{Status: wire.ApprovalStatusPending, Limit: reviewPageSize, Brief: true}
+		if v := q.Get("status"); v != "" {
+			if !validStatus(wire.ApprovalStatus(v)) {
+				p.Error = "Choose one of the statuses offered."
+			} else {
+				req.Status = wire.ApprovalStatus(v)
+			}
+		}
+		p.Status = req.Status
+		if v := strings.TrimSpace(q.Get("q")); v != "" {
+			if len(v) > wire.MaxApprovalQueryBytes || hasControl(v) {
+				p.Error = "Search for at most " + strconv.Itoa(wire.MaxApprovalQueryBytes) + " characters of a sender or subject."
+			} else {
+				req.Query = v
+			}
+		}
+		p.Query = req.Query
+		if v := q.Get("cursor"); v != "" && len(v) <= maxCursorBytes {
+			req.Cursor = v
+		}
+		for _, c := range statusChoices {
+			p.Choices = append(p.Choices, statusChoice{Value: c.Value, Label: c.Label, Selected: c.Value == p.Status})
+		}
 		var rep wire.ApprovalListReply
-		err := callJSON(r.Context(), d.brain, subjects.APIApprovalList,
-			wire.ApprovalListRequest{Status: wire.ApprovalStatusPending, Limit: reviewListLimit}, &rep)
+		err := callJSON(r.Context(), d.brain, subjects.APIApprovalList, req, &rep)
+		if e := wire.ErrorOf(err); err != nil && e.Field == "cursor" {
+			// A stale or foreign cursor: start from the first page.
+			req.Cursor = ""
+			err = callJSON(r.Context(), d.brain, subjects.APIApprovalList, req, &rep)
+		}
 		if err != nil {
-			renderReviewError(w, r, p, err)
+			renderReviewError(w, r, p.page, err)
 			return
 		}
-		render(w, r, http.StatusOK, "list", listPage{page: p, Approvals: rep.Approvals, More: len(rep.Approvals) >= reviewListLimit})
+		if req.Status == wire.ApprovalStatusPending && req.Query == "" {
+			p.Title = "Waiting for a decision"
+		}
+		p.Total = rep.Total
+		if n := len(rep.Approvals); n > 0 {
+			p.From, p.To = rep.Offset+1, rep.Offset+n
+		}
+		listURL := func(cursor string) string {
+			v := url.Values{}
+			if p.Status != wire.ApprovalStatusPending {
+				v.Set("status", string(p.Status))
+			}
+			if p.Query != "" {
+				v.Set("q", p.Query)
+			}
+			if cursor != "" {
+				v.Set("cursor", cursor)
+			}
+			if len(v) == 0 {
+				return "/review"
+			}
+			return "/review?" + v.Encode()
+		}
+		if rep.NextCursor != "" {
+			p.NextURL = listURL(rep.NextCursor)
+		}
+		if rep.Offset > 0 {
+			p.FirstURL = listURL("")
+		}
+		for _, a := range rep.Approvals {
+			p.Rows = append(p.Rows, d.listRow(a))
+		}
+		render(w, r, http.StatusOK, "list", p)
 	})
+}
+
+func (d deps) listRow(a wire.Approval) listRow {
+	name, addr := person(a.Sender)
+	row := listRow{
+		ID: a.ID, Summary: summary(a), SenderName: name, SenderAddr: addr, Subject: a.Subject,
+		Created: d.clock.view(a.CreatedAt), Expires: d.clock.view(a.ExpiresAt),
+		Pending: a.Status == wire.ApprovalStatusPending, Urgency: "none", Priority: "No priority",
+		Waiting: span(d.clock.now().Sub(a.CreatedAt)),
+	}
+	if as := a.Assessment; as != nil {
+		row.Category = words(as.Category)
+		if as.Priority != "" {
+			row.Priority, row.Urgency = words(as.Priority), as.Priority
+		}
+	}
+	row.Expired = row.Pending && !d.clock.now().Before(a.ExpiresAt)
+	row.Outcome = outcomeWords(a)
+	return row
+}
+
+// summary says what an approval proposes, in words: "Reply to Jo Bloggs",
+// "Create a job for Smith & Sons".
+func summary(a wire.Approval) string {
+	name, _ := person(a.Sender)
+	switch catalogue.Name(a.Action) {
+	case catalogue.DraftReply:
+		if name != "" {
+			return "Reply to " + name
+		}
+	case catalogue.CreateJob:
+		if name != "" {
+			return "Create a job for " + name
+		}
+	}
+	if f, ok := catalogue.FormOf(catalogue.Version(a.CatalogueVersion), catalogue.Name(a.Action)); ok {
+		return f.Title
+	}
+	return words(a.Action)
+}
+
+// outcomeWords says where a decided approval stands.
+func outcomeWords(a wire.Approval) string {
+	by := strings.TrimPrefix(strings.TrimPrefix(a.DecidedBy, "reviewer:"), "n8n:")
+	switch a.Status {
+	case wire.ApprovalStatusApproved:
+		if len(a.Edited) > 0 || a.EditedSHA256 != "" {
+			return "Approved with changes by " + by
+		}
+		return "Approved by " + by
+	case wire.ApprovalStatusRejected:
+		return "Rejected by " + by
+	case wire.ApprovalStatusExpired:
+		return "Expired: nobody decided in time"
+	case wire.ApprovalStatusSuperseded:
+		return "Handled outside the review page"
+	}
+	return "Waiting for a decision"
 }
 
 // approvalPage is the page of one approval.
 type approvalPage struct {
 	page
-	A        wire.Approval
-	Email    *wire.Email
-	Proposed content
-	Edited   *content
-	// Open: the approval can still be decided; the forms are shown.
-	Open    bool
-	Expired bool
-	CSRF    string
-	Error   string
-	Form    reviewForm
+	ID       string
+	Summary  string
+	Action   string // the action in words
+	Status   wire.ApprovalStatus
+	State    string // where it stands, in words
+	Open     bool
+	Expired  bool
+	Created  timeView
+	Expires  timeView
+	Decided  *timeView
+	Reason   string
+	Category string
+	Priority string
+	Urgency  string
+	Source   string
+	Sure     string // confidence, "95%"
+
+	Email       *emailView
+	HiddenCount int
+
+	Fields        []fieldView // the decision form, while open
+	Shown         []fieldView // what was proposed (and approved), once decided
+	Edited        []fieldView
+	ApproveLabel  string
+	ApproveEffect string
+	RejectEffect  string
+	Recipient     string
+
+	Evidence evidence
+	CSRF     string
+	Error    string
+	FormErr  map[string]string
+	Reject   string // the reason typed so far
+
+	Done *doneView
+	Next *nextView
 }
 
-// content is proposed or edited parameters: a draft for draft_reply, the
-// parameters as indented JSON for other actions.
-type content struct {
-	Draft *draft
-	JSON  string
+type emailView struct {
+	From     string
+	To       string
+	Subject  string
+	Received *timeView
+	Preview  string
+	Rest     string
+	Size     string
 }
 
-type draft struct {
-	Subject string `json:"subject"`
-	Body    string `json:"body"`
-	Tone    string `json:"tone,omitempty"`
+// fieldView is one parameter on the page: in the form or shown.
+type fieldView struct {
+	ID        string // the control's id: f-<param>
+	Name      string // the form field's name: p.<param>
+	Label     string
+	Help      string
+	Input     string
+	ReadOnly  bool
+	Required  bool
+	MaxLength int
+	Value     string
+	Options   []string
+	Error     string
 }
 
-// reviewForm is what the edit and reject forms show.
-type reviewForm struct {
-	Subject, Body, Params, Reason string
+type evidence struct {
+	ApprovalID       string
+	WorkItemID       string
+	Turn             int
+	CatalogueVersion int
+	Action           string
+	Mode             string
+	ProposedSHA256   string
+	EditedSHA256     string
+	ApprovedSHA256   string
+	DecidedBy        string
 }
 
-func newApprovalPage(d deps, reviewer string, rep wire.ApprovalGetReply) approvalPage {
+type doneView struct {
+	Headline string
+	Text     string
+}
+
+type nextView struct {
+	ID       string
+	Summary  string
+	Priority string
+	Subject  string
+	Waiting  int
+}
+
+func (d deps) approvalPage(r *http.Request, rep wire.ApprovalGetReply) approvalPage {
 	a := rep.Approval
-	now := time.Now()
+	now := d.clock.now()
+	form, _ := catalogue.FormOf(catalogue.Version(a.CatalogueVersion), catalogue.Name(a.Action))
 	p := approvalPage{
-		page:     page{Title: a.Action + " " + a.ID, Reviewer: reviewer},
-		A:        a,
-		Email:    rep.Email,
-		Proposed: contentOf(a.Action, a.Proposed),
-		Expired:  a.Status == wire.ApprovalStatusExpired || (a.Status == wire.ApprovalStatusPending && !now.Before(a.ExpiresAt)),
+		page: pageFor(d, r, summary(a)), ID: a.ID, Summary: summary(a), Action: form.Title, Status: a.Status,
+		Created: d.clock.view(a.CreatedAt), Expires: d.clock.view(a.ExpiresAt),
+		Reason: a.RejectReason, Recipient: a.Recipient, State: outcomeWords(a),
+		Priority: "No priority", Urgency: "none",
+		Evidence: evidence{ApprovalID: a.ID, WorkItemID: a.WorkItemID, Turn: a.Turn, CatalogueVersion: a.CatalogueVersion,
+			Action: a.Action, ProposedSHA256: a.ProposedSHA256, EditedSHA256: a.EditedSHA256,
+			ApprovedSHA256: a.ApprovedSHA256, DecidedBy: a.DecidedBy},
 	}
-	if len(a.Edited) > 0 {
-		c := contentOf(a.Action, a.Edited)
-		p.Edited = &c
+	if p.Action == "" {
+		p.Action = words(a.Action)
 	}
+	switch a.Proof {
+	case wire.ProofExactText:
+		p.Evidence.Mode = "Sent by your workflow after approval; this record proves the exact content approved."
+	case wire.ProofProposalOnly:
+		p.Evidence.Mode = "Placed in your mailbox for a person to send; this record proves only what was proposed."
+	}
+	p.Expired = a.Status == wire.ApprovalStatusExpired || (a.Status == wire.ApprovalStatusPending && !now.Before(a.ExpiresAt))
 	p.Open = a.Status == wire.ApprovalStatusPending && !p.Expired
+	if p.Expired && a.Status == wire.ApprovalStatusPending {
+		p.State = "Expired: nobody decided in time"
+	}
+	if a.DecidedAt != nil {
+		tv := d.clock.view(*a.DecidedAt)
+		p.Decided = &tv
+	}
+	if as := a.Assessment; as != nil {
+		p.Category = words(as.Category)
+		if as.Priority != "" {
+			p.Priority, p.Urgency = words(as.Priority), as.Priority
+		}
+		switch as.Source {
+		case "rule":
+			p.Source = "your rule “" + as.Rule + "”"
+			if as.Rule == "" {
+				p.Source = "one of your rules"
+			}
+		case "model":
+			p.Source = "the AI model"
+		case "none":
+			p.Source = "nothing: no rule matched and no model was asked"
+		default:
+			p.Source = "an earlier step"
+		}
+		p.Sure = strconv.Itoa(int(as.Confidence*100+0.5)) + "%"
+	}
+	if e := rep.Email; e != nil {
+		ev := &emailView{From: e.From, To: strings.Join(e.To, ", "), Subject: e.Subject}
+		if e.ReceivedAt != nil {
+			tv := d.clock.view(*e.ReceivedAt)
+			ev.Received = &tv
+		}
+		body := normalizeNewlines(e.Body)
+		ev.Preview, ev.Rest = splitPreview(body)
+		if ev.Rest != "" {
+			ev.Size = strconv.Itoa(len([]rune(ev.Rest))) + " more characters"
+		}
+		p.Email = ev
+		p.HiddenCount += hiddenCount(e.From) + hiddenCount(e.Subject) + hiddenCount(e.Body) + hiddenCount(ev.To)
+	}
+	proposed := paramValues(a.Proposed)
+	p.HiddenCount += hiddenCount(a.WorkItemID)
+	for _, vals := range []map[string]string{proposed, paramValues(a.Edited)} {
+		for _, v := range vals {
+			p.HiddenCount += hiddenCount(v)
+		}
+	}
+
 	if p.Open {
-		p.CSRF = csrfToken(d.csrfKey, reviewer, a.ID)
-		if dr := p.Proposed.Draft; dr != nil {
-			p.Form.Subject, p.Form.Body = dr.Subject, dr.Body
-		} else {
-			p.Form.Params = p.Proposed.JSON
+		se := sessionOf(r.Context())
+		p.CSRF = formToken(d.csrfKey, se, a.ID)
+		p.Fields = formFields(form, proposed)
+		p.ApproveLabel, p.ApproveEffect = approveWords(a, proposed)
+		p.RejectEffect = "Nothing is sent or created. The e-mail goes back to your team to handle by hand."
+	} else {
+		p.Shown = formFields(form, proposed)
+		if len(a.Edited) > 0 {
+			p.Edited = formFields(form, paramValues(a.Edited))
 		}
 	}
 	return p
 }
 
-func contentOf(action string, params json.RawMessage) content {
-	if action == string(catalogue.DraftReply) {
-		var dr draft
-		if err := json.Unmarshal(params, &dr); err == nil {
-			return content{Draft: &dr}
+// paramValues reads parameters as strings for the page: strings as they
+// are, anything else as its JSON.
+func paramValues(raw json.RawMessage) map[string]string {
+	var m map[string]json.RawMessage
+	out := map[string]string{}
+	if json.Unmarshal(raw, &m) != nil {
+		return out
+	}
+	for k, v := range m {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			out[k] = s
+		} else {
+			out[k] = string(v)
 		}
 	}
-	var buf bytes.Buffer
-	if err := json.Indent(&buf, params, "", "  "); err != nil {
-		return content{JSON: string(params)}
-	}
-	return content{JSON: buf.String()}
+	return out
 }
 
-// handleReviewApproval shows one approval, with the forms while it is open.
+func formFields(f catalogue.Form, values map[string]string) []fieldView {
+	out := make([]fieldView, 0, len(f.Fields))
+	for _, fd := range f.Fields {
+		v, ok := values[fd.Param.Name]
+		if !ok && fd.ReadOnly {
+			continue
+		}
+		out = append(out, fieldView{
+			ID: "f-" + fd.Param.Name, Name: "p." + fd.Param.Name, Label: fd.Label, Help: fd.Help, Input: string(fd.Input),
+			ReadOnly: fd.ReadOnly, Required: fd.Param.Required, MaxLength: fd.Param.MaxLength,
+			Value: v, Options: fd.Param.Enum,
+		})
+	}
+	return out
+}
+
+// approveWords are the approve button's label and what approving does.
+func approveWords(a wire.Approval, params map[string]string) (label, effect string) {
+	to := a.Recipient
+	if to == "" {
+		to = "the sender"
+	}
+	switch catalogue.Name(a.Action) {
+	case catalogue.DraftReply:
+		if a.ApprovalMode == "mailbox" {
+			return "Approve the draft", "When you approve, this reply is put in your mailbox as a draft to " + to +
+				". Someone then sends it from the mailbox."
+		}
+		return "Approve and send the reply", "When you approve, this reply is e-mailed to " + to +
+			", exactly as it stands above, with any changes you made."
+	case catalogue.CreateJob:
+		return "Approve and create the job", "When you approve, a job is created in your job system with the details above and the reference " +
+			params["external_ref"] + ". If a job with that reference already exists, no second one is made."
+	}
+	desc := ""
+	if act, ok := catalogue.Lookup(catalogue.Version(a.CatalogueVersion), catalogue.Name(a.Action)); ok {
+		desc = act.Description
+	}
+	return "Approve", "When you approve, this happens: " + desc
+}
+
+// doneWords confirm a decision the reviewer just made.
+func doneWords(a wire.Approval) *doneView {
+	edited := len(a.Edited) > 0
+	switch a.Status {
+	case wire.ApprovalStatusRejected:
+		return &doneView{Headline: "Rejected", Text: "Nothing will be sent or created. The e-mail is back with your team to handle by hand."}
+	case wire.ApprovalStatusApproved:
+		head := "Approved"
+		if edited {
+			head = "Approved with your changes"
+		}
+		text := "Your workflow now carries it out."
+		switch catalogue.Name(a.Action) {
+		case catalogue.DraftReply:
+			text = "Your workflow now e-mails the reply to " + a.Recipient + "."
+			if a.ApprovalMode == "mailbox" {
+				text = "Your workflow now puts the draft in your mailbox, for someone to send to " + a.Recipient + "."
+			}
+		case catalogue.CreateJob:
+			text = "Your workflow now creates the job in your job system."
+		}
+		return &doneView{Headline: head, Text: text}
+	}
+	return nil
+}
+
+// nextPending is the approval to decide next, and how many are waiting.
+func (d deps) nextPending(r *http.Request, except string) *nextView {
+	var rep wire.ApprovalListReply
+	req := wire.ApprovalListRequest{Status: wire.ApprovalStatusPending, Limit: 2, Brief: true}
+	if err := callJSON(r.Context(), d.brain, subjects.APIApprovalList, req, &rep); err != nil {
+		return nil
+	}
+	for _, a := range rep.Approvals {
+		if a.ID == except {
+			continue
+		}
+		n := &nextView{ID: a.ID, Summary: summary(a), Subject: a.Subject, Waiting: rep.Total, Priority: "No priority"}
+		if as := a.Assessment; as != nil && as.Priority != "" {
+			n.Priority = words(as.Priority)
+		}
+		return n
+	}
+	return &nextView{}
+}
+
+// handleReviewApproval shows one approval, with the decision form while it
+// is open; ?done=1 after a decision confirms it and offers the next one.
 func handleReviewApproval(d deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reviewer := reviewerOf(r.Context())
-		id, ok := reviewApprovalID(w, r, reviewer)
+		id, ok := reviewApprovalID(w, r, d)
 		if !ok {
 			return
 		}
 		var rep wire.ApprovalGetReply
 		if err := callJSON(r.Context(), d.brain, subjects.APIApprovalGet, wire.ApprovalGetRequest{ApprovalID: id}, &rep); err != nil {
-			renderReviewError(w, r, page{Title: "Approval", Reviewer: reviewer}, err)
+			renderReviewError(w, r, pageFor(d, r, "Approval"), err)
 			return
 		}
-		render(w, r, http.StatusOK, "approval", newApprovalPage(d, reviewer, rep))
+		p := d.approvalPage(r, rep)
+		if r.URL.Query().Get("done") == "1" && rep.Approval.DecidedBy == "reviewer:"+reviewerOf(r.Context()) {
+			p.Done = doneWords(rep.Approval)
+		}
+		if !p.Open {
+			p.Next = d.nextPending(r, id)
+		}
+		render(w, r, http.StatusOK, "approval", p)
 	})
 }
 
-// handleReviewDecide records a reviewer's decision from the page's forms:
-// decision (approve, edit, reject), subject and body or params, reason,
-// csrf. It redirects back to the approval, or shows it with the error.
+// handleReviewDecide records a reviewer's decision: decision=approve with
+// the form's fields (unchanged: approve as proposed; changed: edit and
+// approve), or decision=reject with a reason. It redirects to the
+// confirmation, or shows the approval again with what is wrong.
 func handleReviewDecide(d deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reviewer := reviewerOf(r.Context())
-		id, ok := reviewApprovalID(w, r, reviewer)
+		se := sessionOf(r.Context())
+		id, ok := reviewApprovalID(w, r, d)
 		if !ok {
 			return
 		}
 		if why := crossSite(r); why != "" {
 			annotate(r.Context(), slog.String("error_code", string(wire.CodeForbidden)), slog.String("error_reason", why))
-			renderMessage(w, r, http.StatusForbidden, page{Title: "Refused", Reviewer: reviewer},
+			renderMessage(w, r, http.StatusForbidden, pageFor(d, r, "Refused"),
 				"This form was not sent from the review page, so nothing was changed. Reload the approval and decide again.")
 			return
 		}
@@ -336,34 +583,28 @@ func handleReviewDecide(d deps) http.Handler {
 			if errors.As(err, &tooLarge) {
 				status, msg = http.StatusRequestEntityTooLarge, "The form is larger than "+strconv.Itoa(wire.MaxAPIBytes)+" bytes."
 			}
-			renderMessage(w, r, status, page{Title: "Refused", Reviewer: reviewer}, msg)
+			renderMessage(w, r, status, pageFor(d, r, "Refused"), msg)
 			return
 		}
 		form := r.PostForm
-		want := csrfToken(d.csrfKey, reviewer, id)
-		if !hmac.Equal([]byte(form.Get("csrf")), []byte(want)) {
+		if !hmac.Equal([]byte(form.Get("csrf")), []byte(formToken(d.csrfKey, se, id))) {
 			annotate(r.Context(), slog.String("error_code", string(wire.CodeForbidden)), slog.String("error_reason", "csrf"))
-			renderMessage(w, r, http.StatusForbidden, page{Title: "Refused", Reviewer: reviewer},
+			renderMessage(w, r, http.StatusForbidden, pageFor(d, r, "Refused"),
 				"This form has expired or was not issued to you, so nothing was changed. Reload the approval and decide again.")
 			return
 		}
 
 		var rep wire.ApprovalGetReply
 		if err := callJSON(r.Context(), d.brain, subjects.APIApprovalGet, wire.ApprovalGetRequest{ApprovalID: id}, &rep); err != nil {
-			renderReviewError(w, r, page{Title: "Approval", Reviewer: reviewer}, err)
+			renderReviewError(w, r, pageFor(d, r, "Approval"), err)
 			return
 		}
-		p := newApprovalPage(d, reviewer, rep)
-		submitted := reviewForm{
-			Subject: form.Get("subject"),
-			Body:    normalizeNewlines(form.Get("body")),
-			Params:  form.Get("params"),
-			Reason:  normalizeNewlines(strings.TrimSpace(form.Get("reason"))),
-		}
-		req, problem := decideFromForm(rep.Approval, reviewer, form.Get("decision"), submitted)
+		p := d.approvalPage(r, rep)
+		req, problem, fieldErrs := decideFromForm(rep.Approval, se.reviewer, form)
 		if problem != "" {
 			annotate(r.Context(), slog.String("error_code", string(wire.CodeInvalid)))
-			p.Error, p.Form = problem, mergeForm(p.Form, submitted)
+			p.Error, p.FormErr = problem, fieldErrs
+			keepTyped(&p, form)
 			render(w, r, http.StatusBadRequest, "approval", p)
 			return
 		}
@@ -374,81 +615,138 @@ func handleReviewDecide(d deps) http.Handler {
 			// Show the approval as it is now: who decided it, if someone did.
 			var now wire.ApprovalGetReply
 			if callJSON(r.Context(), d.brain, subjects.APIApprovalGet, wire.ApprovalGetRequest{ApprovalID: id}, &now) == nil {
-				p = newApprovalPage(d, reviewer, now)
+				p = d.approvalPage(r, now)
 			}
-			p.Error, p.Form = reviewMessage(e), mergeForm(p.Form, submitted)
+			p.Error = reviewMessage(e)
+			if p.Open {
+				keepTyped(&p, form)
+			} else {
+				p.Next = d.nextPending(r, id)
+			}
 			render(w, r, httpStatus(e), "approval", p)
 			return
 		}
-		http.Redirect(w, r, "/review/approvals/"+id, http.StatusSeeOther)
+		http.Redirect(w, r, "/review/approvals/"+id+"?done=1", http.StatusSeeOther)
 	})
 }
 
-// decideFromForm builds the decision of a form, or says what is wrong
-// with it, in words for the reviewer.
-func decideFromForm(a wire.Approval, reviewer, decision string, f reviewForm) (wire.ApprovalDecideRequest, string) {
-	req := wire.ApprovalDecideRequest{ApprovalID: a.ID, Decision: wire.ApprovalDecision(decision), By: "reviewer:" + reviewer}
-	switch req.Decision {
-	case wire.DecisionApprove:
-	case wire.DecisionEdit:
-		if a.Action == string(catalogue.DraftReply) {
-			subject := strings.TrimSpace(f.Subject)
-			switch {
-			case subject == "" || strings.TrimSpace(f.Body) == "":
-				return req, "An edited reply needs a subject and a body."
-			case strings.ContainsAny(subject, "\r\n") || hasControl(subject):
-				return req, "The subject must be one line of text."
-			}
-			edited := draft{Subject: subject, Body: f.Body}
-			if proposed := contentOf(a.Action, a.Proposed).Draft; proposed != nil {
-				edited.Tone = proposed.Tone
-			}
-			req.Edited, _ = json.Marshal(edited) // strings only: cannot fail
-		} else {
-			params := bytes.TrimSpace([]byte(f.Params))
-			var obj map[string]json.RawMessage
-			if len(params) == 0 || params[0] != '{' || json.Unmarshal(params, &obj) != nil {
-				return req, "The edited parameters must be a JSON object."
-			}
-			req.Edited = params
+// keepTyped puts what the reviewer typed back into the form.
+func keepTyped(p *approvalPage, form url.Values) {
+	for i, f := range p.Fields {
+		if !f.ReadOnly && form.Has(f.Name) {
+			p.Fields[i].Value = unmarked(normalizeNewlines(form.Get(f.Name)))
 		}
-	case wire.DecisionReject:
-		switch {
-		case f.Reason == "":
-			return req, "A rejection needs a reason."
-		case len(f.Reason) > maxReasonBytes:
-			return req, "The reason is longer than " + strconv.Itoa(maxReasonBytes) + " bytes."
+		if e := p.FormErr[f.Name]; e != "" {
+			p.Fields[i].Error = e
 		}
-		req.Reason = f.Reason
-	default:
-		return req, "Choose approve, edit or reject."
 	}
-	if err := req.Validate(); err != nil {
-		return req, wire.ErrorOf(err).Message
-	}
-	return req, ""
+	p.Reject = normalizeNewlines(form.Get("reason"))
 }
 
-// mergeForm keeps what the reviewer typed over the prefilled values.
-func mergeForm(prefill, submitted reviewForm) reviewForm {
-	for _, f := range []struct{ dst, src *string }{
-		{&prefill.Subject, &submitted.Subject}, {&prefill.Body, &submitted.Body},
-		{&prefill.Params, &submitted.Params}, {&prefill.Reason, &submitted.Reason},
-	} {
-		if *f.src != "" {
-			*f.dst = *f.src
+// decideFromForm builds the decision of a form, or says what is wrong with
+// it in words for the reviewer (and per field, by form field name).
+func decideFromForm(a wire.Approval, reviewer string, form url.Values) (wire.ApprovalDecideRequest, string, map[string]string) {
+	req := wire.ApprovalDecideRequest{ApprovalID: a.ID, Decision: wire.ApprovalDecision(form.Get("decision")), By: "reviewer:" + reviewer}
+	switch req.Decision {
+	case wire.DecisionApprove:
+		edited, problem, fieldErrs := editedParams(a, form)
+		if problem != "" {
+			return req, problem, fieldErrs
+		}
+		if edited != nil {
+			req.Decision, req.Edited = wire.DecisionEdit, edited
+		}
+	case wire.DecisionReject:
+		req.Reason = normalizeNewlines(strings.TrimSpace(form.Get("reason")))
+		switch {
+		case req.Reason == "":
+			return req, "A rejection needs a reason: say why in the box under Reject.", map[string]string{"reason": "Say why you reject it."}
+		case len(req.Reason) > maxReasonBytes:
+			return req, "The reason is longer than " + strconv.Itoa(maxReasonBytes) + " bytes.", nil
+		}
+	default:
+		return req, "Choose Approve or Reject.", nil
+	}
+	if err := req.Validate(); err != nil {
+		return req, wire.ErrorOf(err).Message, nil
+	}
+	return req, "", nil
+}
+
+// editedParams reads the decision form's fields into parameters. It
+// returns nil when they equal what was proposed (an approval as proposed),
+// the edited parameters otherwise. Read-only parameters always keep their
+// proposed value, whatever the form says.
+func editedParams(a wire.Approval, form url.Values) (json.RawMessage, string, map[string]string) {
+	act, ok := catalogue.Lookup(catalogue.Version(a.CatalogueVersion), catalogue.Name(a.Action))
+	f, fok := catalogue.FormOf(catalogue.Version(a.CatalogueVersion), catalogue.Name(a.Action))
+	if !ok || !fok {
+		return nil, "", nil // nothing to edit: approve as proposed
+	}
+	var proposed map[string]json.RawMessage
+	if err := json.Unmarshal(a.Proposed, &proposed); err != nil {
+		return nil, "", nil
+	}
+	out := map[string]json.RawMessage{}
+	for k, v := range proposed {
+		out[k] = v
+	}
+	for _, fd := range f.Fields {
+		name := "p." + fd.Param.Name
+		if fd.ReadOnly || !form.Has(name) {
+			continue
+		}
+		v := unmarked(normalizeNewlines(form.Get(name)))
+		switch fd.Param.Type {
+		case catalogue.TypeString:
+			if fd.Input == catalogue.InputLine && strings.ContainsAny(v, "\r\n") {
+				return nil, fd.Label + " must be one line.", map[string]string{name: "Use one line."}
+			}
+			if v == "" && !fd.Param.Required {
+				delete(out, fd.Param.Name)
+				continue
+			}
+			out[fd.Param.Name], _ = json.Marshal(v)
+		case catalogue.TypeInteger:
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return nil, fd.Label + " must be a whole number.", map[string]string{name: "Enter a whole number."}
+			}
+			out[fd.Param.Name], _ = json.Marshal(n)
+		case catalogue.TypeBoolean:
+			// The form sends "false" from a hidden field, then "on" when checked.
+			out[fd.Param.Name], _ = json.Marshal(slices.Contains(form[name], "on"))
 		}
 	}
-	return prefill
+	raw, _ := json.Marshal(out) // raw JSON values and strings: cannot fail
+	edited, err := act.ValidateParams(raw)
+	if err != nil {
+		var pe *catalogue.ParamError
+		if errors.As(err, &pe) && pe.Param != "" {
+			label := pe.Param
+			for _, fd := range f.Fields {
+				if fd.Param.Name == pe.Param {
+					label = fd.Label
+				}
+			}
+			msg := label + " " + pe.Problem + "."
+			return nil, msg, map[string]string{"p." + pe.Param: msg}
+		}
+		return nil, "The changes are not valid: " + err.Error(), nil
+	}
+	if canon, err := act.ValidateParams(a.Proposed); err == nil && bytes.Equal(canon, edited) {
+		return nil, "", nil
+	}
+	return edited, "", nil
 }
 
 // reviewMessage says what a brain error means for the reviewer.
 func reviewMessage(e *wire.Error) string {
 	switch e.Reason {
 	case wire.ReasonAlreadyResolved:
-		return "This approval was already resolved, so your decision was not recorded."
+		return "Someone already decided this approval, so your decision was not recorded. What happened is shown below."
 	case wire.ReasonApprovalExpired:
-		return "This approval has expired, so your decision was not recorded: the item went back to a human."
+		return "This approval expired before your decision, so it was not recorded: nothing was sent, and the e-mail went back to your team."
 	}
 	if e.Code == wire.CodeUnavailable {
 		return "The brain is not answering right now; nothing was recorded. Try again in a moment."
@@ -464,7 +762,7 @@ func reviewMessage(e *wire.Error) string {
 // form posts with "Origin: null" (Fetch, "append a request Origin header"),
 // so a same-origin post may carry Origin null and nothing else. Without
 // Sec-Fetch-Site (older browsers), an Origin, when sent, must be this host;
-// null is refused there, the CSRF token being checked in any case.
+// null is refused there, the form token being checked in any case.
 func crossSite(r *http.Request) string {
 	origin := r.Header.Get("Origin")
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
@@ -486,12 +784,12 @@ func crossSite(r *http.Request) string {
 
 // reviewApprovalID reads the {id} of a review route and answers 400
 // unless it is a UUID.
-func reviewApprovalID(w http.ResponseWriter, r *http.Request, reviewer string) (string, bool) {
+func reviewApprovalID(w http.ResponseWriter, r *http.Request, d deps) (string, bool) {
 	id := r.PathValue("id")
 	if !validUUID(id) {
 		annotate(r.Context(), slog.String("error_code", string(wire.CodeInvalid)))
-		renderMessage(w, r, http.StatusBadRequest, page{Title: "No such approval", Reviewer: reviewer},
-			"That is not an approval id. Open approvals from the list.")
+		renderMessage(w, r, http.StatusBadRequest, pageFor(d, r, "No such approval"),
+			"That is not an approval's address. Open approvals from the list.")
 		return "", false
 	}
 	annotate(r.Context(), slog.String("approval_id", id))
@@ -505,11 +803,10 @@ func normalizeNewlines(s string) string {
 // renderReviewError shows a brain error as a page with its status.
 func renderReviewError(w http.ResponseWriter, r *http.Request, p page, err error) {
 	e := noteError(r.Context(), err)
-	title := "Something went wrong"
+	p.Title = "Something went wrong"
 	if e.Code == wire.CodeNotFound {
-		title = "No such approval"
+		p.Title = "No such approval"
 	}
-	p.Title = title
 	renderMessage(w, r, httpStatus(e), p, reviewMessage(e))
 }
 

@@ -4,14 +4,19 @@ import (
 	"context"
 	"html"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/bcrypt"
 
@@ -47,17 +52,47 @@ func reviewEdge(t *testing.T) (*testEdge, *fakeAPI) {
 	return e, fa
 }
 
-// review sends a browser-like request to the review page as alice; it
-// does not follow redirects. header entries with "" remove a header.
-func (e *testEdge) review(t *testing.T, method, path string, form url.Values, header map[string]string) response {
+// browserSession is a browser of the review page: a cookie jar, no
+// redirects followed, the headers Chromium sends on the page's own forms.
+type browserSession struct {
+	e      *testEdge
+	client *http.Client
+}
+
+func (e *testEdge) browser(t *testing.T) *browserSession {
+	t.Helper()
+	jar, err := cookiejar.New(nil)
+	must(t, err)
+	return &browserSession{e: e, client: &http.Client{
+		Jar: jar, Timeout: e.client.Timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+}
+
+// signedIn is a browser in which alice signed in.
+func (e *testEdge) signedIn(t *testing.T) *browserSession {
+	t.Helper()
+	b := e.browser(t)
+	if r := b.login(t, reviewer, reviewerPassword, "/review"); r.status != http.StatusSeeOther || r.header.Get("Location") != "/review" {
+		t.Fatalf("sign in: status %d Location %q body %s", r.status, r.header.Get("Location"), r.body)
+	}
+	return b
+}
+
+func (b *browserSession) login(t *testing.T, name, password, next string) response {
+	t.Helper()
+	return b.do(t, http.MethodPost, "/review/login", url.Values{"name": {name}, "password": {password}, "next": {next}}, nil)
+}
+
+// do sends a request; header entries with "" remove a header.
+func (b *browserSession) do(t *testing.T, method, path string, form url.Values, header map[string]string) response {
 	t.Helper()
 	var body io.Reader
 	if form != nil {
 		body = strings.NewReader(form.Encode())
 	}
-	req, err := http.NewRequest(method, e.url+path, body)
+	req, err := http.NewRequest(method, b.e.url+path, body)
 	must(t, err)
-	req.SetBasicAuth(reviewer, reviewerPassword)
 	if form != nil {
 		// What Chromium sends for a form of a page served with
 		// Referrer-Policy: no-referrer.
@@ -72,87 +107,159 @@ func (e *testEdge) review(t *testing.T, method, path string, form url.Values, he
 			req.Header.Set(k, v)
 		}
 	}
-	client := &http.Client{
-		Timeout:       e.client.Timeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-	resp, err := client.Do(req)
+	resp, err := b.client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	rb, err := io.ReadAll(resp.Body)
 	must(t, err)
-	return response{status: resp.StatusCode, header: resp.Header, body: b}
+	return response{status: resp.StatusCode, header: resp.Header, body: rb}
+}
+
+func (b *browserSession) get(t *testing.T, path string) response {
+	t.Helper()
+	return b.do(t, http.MethodGet, path, nil, nil)
 }
 
 var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`)
 
-// csrfOf loads an approval's page and returns its forms' CSRF token.
-func (e *testEdge) csrfOf(t *testing.T, id string) string {
+// csrfOf loads an approval's page and returns its forms' token.
+func (b *browserSession) csrfOf(t *testing.T, id string) string {
 	t.Helper()
-	r := e.review(t, http.MethodGet, "/review/approvals/"+id, nil, nil)
-	m := csrfField.FindSubmatch(r.body)
-	if r.status != 200 || m == nil {
-		t.Fatalf("approval page: status %d, no CSRF token in\n%s", r.status, r.body)
+	r := b.get(t, "/review/approvals/"+id)
+	// The first token on the page is the sign-out form's; the decision forms follow.
+	m := csrfField.FindAllSubmatch(r.body, -1)
+	if r.status != 200 || len(m) < 2 {
+		t.Fatalf("approval page: status %d, no form token in\n%s", r.status, r.body)
 	}
-	return string(m[1])
+	return string(m[1][1])
 }
 
 func checkReviewHeaders(t *testing.T, r response) {
 	t.Helper()
 	for k, want := range map[string]string{
-		"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
+		"Content-Security-Policy": reviewCSP,
 		"X-Content-Type-Options":  "nosniff",
 		"Referrer-Policy":         "no-referrer",
 		"Cache-Control":           "no-store",
+		"X-Frame-Options":         "DENY",
 	} {
 		if got := r.header.Get(k); got != want {
 			t.Errorf("%s: %q, want %q", k, got, want)
 		}
 	}
+	if strings.Contains(reviewCSP, "unsafe") {
+		t.Errorf("the CSP allows unsafe code: %s", reviewCSP)
+	}
 }
 
-func TestReviewAuth(t *testing.T) {
+func TestReviewSignIn(t *testing.T) {
 	t.Parallel()
 	e, fa := reviewEdge(t)
 	id := testUUID(11)
-	for _, tc := range []struct {
-		name   string
-		method string
-		path   string
-		header map[string]string
-	}{
-		{"NoAuth", "GET", "/review", map[string]string{"Authorization": ""}},
-		{"WrongPassword", "GET", "/review", map[string]string{"Authorization": basic(reviewer, "wrong")}},
-		{"UnknownUser", "GET", "/review", map[string]string{"Authorization": basic("mallory", reviewerPassword)}},
-		{"OtherUsersPassword", "GET", "/review/approvals/" + id, map[string]string{"Authorization": basic("bob", reviewerPassword)}},
-		{"BearerToken", "GET", "/review", map[string]string{"Authorization": "Bearer " + testToken}},
-		{"PostNoAuth", "POST", "/review/approvals/" + id, map[string]string{"Authorization": ""}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			var form url.Values
-			if tc.method == "POST" {
-				form = url.Values{"decision": {"approve"}}
-			}
-			r := e.review(t, tc.method, tc.path, form, tc.header)
-			if r.status != http.StatusUnauthorized {
-				t.Fatalf("status %d, want 401; body %s", r.status, r.body)
-			}
-			if got := r.header.Get("WWW-Authenticate"); got != `Basic realm="review"` {
-				t.Errorf("WWW-Authenticate %q", got)
-			}
-			checkReviewHeaders(t, r)
-		})
-	}
-	t.Cleanup(func() { fa.none(t, "an unauthenticated request") })
 
-	// bob signs in with his own password.
-	if r := e.review(t, "GET", "/review", nil, map[string]string{"Authorization": basic("bob", "bobs password")}); r.status != 200 {
-		t.Errorf("bob: status %d", r.status)
-	}
-	next(t, fa.calls, "approval.list")
+	t.Run("NotSignedIn", func(t *testing.T) {
+		b := e.browser(t)
+		r := b.get(t, "/review/approvals/"+id+"?done=1")
+		if r.status != http.StatusSeeOther || r.header.Get("Location") != "/review/login?next="+url.QueryEscape("/review/approvals/"+id+"?done=1") {
+			t.Errorf("status %d Location %q, want 303 to the sign-in page and back", r.status, r.header.Get("Location"))
+		}
+		checkReviewHeaders(t, r)
+		if r := b.do(t, http.MethodPost, "/review/approvals/"+id, url.Values{"decision": {"approve"}}, nil); r.status != http.StatusUnauthorized ||
+			!strings.Contains(string(r.body), "nothing was recorded") {
+			t.Errorf("a post without a session: status %d body %s", r.status, r.body)
+		}
+		// HTTP Basic and the bearer token are not sessions.
+		for _, auth := range []string{basic(reviewer, reviewerPassword), "Bearer " + testToken} {
+			if r := b.do(t, http.MethodGet, "/review", nil, map[string]string{"Authorization": auth}); r.status != http.StatusSeeOther {
+				t.Errorf("Authorization %q: status %d", auth[:6], r.status)
+			}
+		}
+		r = b.get(t, "/review/login")
+		if r.status != 200 || !strings.Contains(string(r.body), `name="password"`) {
+			t.Errorf("the sign-in page: %d %s", r.status, r.body)
+		}
+		checkReviewHeaders(t, r)
+	})
+
+	t.Run("WrongPassword", func(t *testing.T) {
+		for _, tc := range []struct{ name, password string }{
+			{reviewer, "wrong"}, {"mallory", reviewerPassword}, {"bob", reviewerPassword}, {"Not A Name!", "x"},
+		} {
+			b := e.browser(t)
+			r := b.login(t, tc.name, tc.password, "/review")
+			if r.status != http.StatusUnauthorized || !strings.Contains(string(r.body), "do not match a reviewer") {
+				t.Errorf("%s/%s: status %d body %s", tc.name, tc.password, r.status, r.body)
+			}
+			if len(r.header.Values("Set-Cookie")) != 0 {
+				t.Errorf("a failed sign-in set a cookie: %v", r.header.Values("Set-Cookie"))
+			}
+		}
+	})
+
+	t.Run("SignInAndOut", func(t *testing.T) {
+		b := e.browser(t)
+		r := b.login(t, "Alice", reviewerPassword, "/review/approvals/"+id) // names ignore case
+		if r.status != http.StatusSeeOther || r.header.Get("Location") != "/review/approvals/"+id {
+			t.Fatalf("sign in: %d %q", r.status, r.header.Get("Location"))
+		}
+		c := r.header.Get("Set-Cookie")
+		for _, want := range []string{"review-session=", "Path=/review", "HttpOnly", "SameSite=Strict"} {
+			if !strings.Contains(c, want) {
+				t.Errorf("session cookie %q lacks %s", c, want)
+			}
+		}
+		if strings.Contains(c, "Secure") {
+			t.Errorf("plain HTTP without EDGE_REVIEW_SECURE_COOKIE: %q", c)
+		}
+		page := b.get(t, "/review")
+		if page.status != 200 || !strings.Contains(string(page.body), "Signed in as alice") {
+			t.Fatalf("list: %d %s", page.status, page.body)
+		}
+		next(t, fa.calls, "approval.list")
+		token := csrfField.FindSubmatch(page.body)
+		if token == nil {
+			t.Fatal("no sign-out form")
+		}
+		// Sign-out needs its form's token.
+		if r := b.do(t, http.MethodPost, "/review/logout", url.Values{"csrf": {strings.Repeat("0", 64)}}, nil); r.status != http.StatusForbidden {
+			t.Errorf("sign-out with a forged token: %d", r.status)
+		}
+		r = b.do(t, http.MethodPost, "/review/logout", url.Values{"csrf": {string(token[1])}}, nil)
+		if r.status != http.StatusSeeOther || r.header.Get("Location") != "/review/login?signed_out=1" || !strings.Contains(r.header.Get("Set-Cookie"), "Max-Age=0") {
+			t.Fatalf("sign-out: %d %q %q", r.status, r.header.Get("Location"), r.header.Get("Set-Cookie"))
+		}
+		// The old cookie is dead on the server too.
+		old := &http.Cookie{Name: "review-session", Value: strings.TrimPrefix(strings.Split(c, ";")[0], "review-session=")}
+		req, _ := http.NewRequest(http.MethodGet, e.url+"/review", nil)
+		req.AddCookie(old)
+		res, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+		must(t, err)
+		res.Body.Close()
+		if res.StatusCode != http.StatusSeeOther {
+			t.Errorf("the signed-out session still works: %d", res.StatusCode)
+		}
+	})
+
+	t.Run("CrossSiteSignIn", func(t *testing.T) {
+		b := e.browser(t)
+		r := b.do(t, http.MethodPost, "/review/login", url.Values{"name": {reviewer}, "password": {reviewerPassword}},
+			map[string]string{"Sec-Fetch-Site": "cross-site"})
+		if r.status != http.StatusForbidden || len(r.header.Values("Set-Cookie")) != 0 {
+			t.Errorf("a cross-site sign-in: %d", r.status)
+		}
+	})
+
+	t.Run("SecureCookie", func(t *testing.T) {
+		n := startNATS(t, false)
+		se := startEdge(t, n, func(c *Config) { c.ReviewersFile = writeReviewers(t); c.ReviewSecureCookie = true })
+		r := se.browser(t).login(t, reviewer, reviewerPassword, "")
+		if c := r.header.Get("Set-Cookie"); !strings.HasPrefix(c, "__Secure-review-session=") || !strings.Contains(c, "Secure") {
+			t.Errorf("with EDGE_REVIEW_SECURE_COOKIE: %q", c)
+		}
+	})
+	fa.none(t, "signing in and out")
 }
 
 func basic(name, password string) string {
@@ -161,12 +268,170 @@ func basic(name, password string) string {
 	return req.Header.Get("Authorization")
 }
 
+// TestReviewSignInThrottled: after the account's burst of failures, even
+// the right password waits, and no bcrypt runs for a refused attempt.
+func TestReviewSignInThrottled(t *testing.T) {
+	t.Parallel()
+	// The handler alone: signing in calls no brain, and the test reads
+	// how often bcrypt ran.
+	rv, err := loadReviewers(writeReviewers(t))
+	must(t, err)
+	auth := &reviewAuth{reviewers: rv, sessions: newSessions(time.Hour, time.Now), throttle: newLoginThrottle(time.Now)}
+	srv := httptest.NewServer(newHandler(deps{auth: auth, csrfKey: csrfKey(testToken), logger: slog.New(slog.DiscardHandler),
+		clock: &reviewClock{loc: time.UTC, now: time.Now}}))
+	t.Cleanup(srv.Close)
+	e := &testEdge{url: srv.URL, client: &http.Client{Timeout: 10 * time.Second}}
+	b := e.browser(t)
+	for i := range int(accountBucket.burst) {
+		if r := b.login(t, "bob", "guess", ""); r.status != http.StatusUnauthorized {
+			t.Fatalf("guess %d: %d", i, r.status)
+		}
+	}
+	before := auth.reviewers.compared.Load()
+	for range 3 {
+		r := b.login(t, "bob", "bobs password", "")
+		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" || !strings.Contains(string(r.body), "Too many failed sign-ins") {
+			t.Fatalf("after 5 failures: %d %q %s", r.status, r.header.Get("Retry-After"), r.body)
+		}
+	}
+	if got := auth.reviewers.compared.Load(); got != before {
+		t.Errorf("throttled attempts ran bcrypt %d times", got-before)
+	}
+	// Alice, from the same address, is not held up by bob's lockout.
+	if r := b.login(t, reviewer, reviewerPassword, ""); r.status != http.StatusSeeOther {
+		t.Errorf("alice: %d", r.status)
+	}
+}
+
+func TestLoginThrottle(t *testing.T) {
+	t.Parallel()
+	now := timeAt(0)
+	th := newLoginThrottle(func() time.Time { return now })
+	for i := range 5 {
+		if w := th.take("alice", "10.0.0.1"); w != 0 {
+			t.Fatalf("attempt %d throttled for %s", i, w)
+		}
+	}
+	if w := th.take("alice", "10.0.0.2"); w != accountBucket.every {
+		t.Errorf("sixth attempt at alice from another address: wait %s, want %s", w, accountBucket.every)
+	}
+	now = now.Add(accountBucket.every)
+	if w := th.take("alice", "10.0.0.3"); w != 0 {
+		t.Errorf("after %s: wait %s", accountBucket.every, w)
+	}
+	if w := th.take("alice", "10.0.0.3"); w == 0 {
+		t.Error("one attempt came back, not two")
+	}
+	// A success forgets the account's failures.
+	th.succeeded("alice", "10.0.0.3")
+	if w := th.take("alice", "10.0.0.3"); w != 0 {
+		t.Errorf("after a success: wait %s", w)
+	}
+	// Per address: twenty attempts over any names.
+	for i := range 20 {
+		if w := th.take("user"+strconv.Itoa(i), "192.0.2.1"); w != 0 {
+			t.Fatalf("address attempt %d: wait %s", i, w)
+		}
+	}
+	if w := th.take("someone", "192.0.2.1"); w == 0 {
+		t.Error("the address's 21st attempt went through")
+	}
+	if w := th.take("", "192.0.2.2"); w != 0 {
+		t.Errorf("another address is held up: %s", w)
+	}
+	// The tables stay bounded.
+	for i := range maxThrottleKeys + 10 {
+		th.take("", "198.18."+strconv.Itoa(i/256)+"."+strconv.Itoa(i%256))
+	}
+	if len(th.addresses) > maxThrottleKeys {
+		t.Errorf("%d addresses held, the bound is %d", len(th.addresses), maxThrottleKeys)
+	}
+}
+
+func TestSessions(t *testing.T) {
+	t.Parallel()
+	now := timeAt(0)
+	s := newSessions(time.Hour, func() time.Time { return now })
+	tok := s.start("alice")
+	if se, ok := s.get(tok); !ok || se.reviewer != "alice" {
+		t.Fatalf("fresh session: %+v %v", se, ok)
+	}
+	if _, ok := s.get(tok + "x"); ok {
+		t.Error("a wrong token is a session")
+	}
+	// Used every 50 minutes, it lives until its 12 hours are up.
+	for i := 0; i < 14; i++ {
+		now = now.Add(50 * time.Minute)
+		_, ok := s.get(tok)
+		if want := now.Sub(timeAt(0)) < sessionMaxAge; ok != want {
+			t.Fatalf("at %s: live %v, want %v", now.Sub(timeAt(0)), ok, want)
+		}
+	}
+	idle := s.start("bob")
+	now = now.Add(time.Hour)
+	if _, ok := s.get(idle); ok {
+		t.Error("a session idle for an hour is live")
+	}
+	ended := s.start("bob")
+	se, _ := s.get(ended)
+	s.end(se.key)
+	if _, ok := s.get(ended); ok {
+		t.Error("an ended session is live")
+	}
+}
+
+func timeAt(sec int) time.Time { return time.Date(2026, 3, 1, 9, 0, sec, 0, time.UTC) }
+
+func TestClientAddress(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		remote, header, xff, want string
+	}{
+		{"192.0.2.7:5555", "", "203.0.113.1", "192.0.2.7"},
+		{"192.0.2.7:5555", "X-Forwarded-For", "203.0.113.1, 198.51.100.2", "198.51.100.2"},
+		{"192.0.2.7:5555", "X-Forwarded-For", "", "192.0.2.7"},
+		{"[2001:db8:1:2:3:4:5:6]:443", "", "", "2001:db8:1:2::/64"},
+		{"[::ffff:192.0.2.9]:1", "", "", "192.0.2.9"},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/review/login", nil)
+		r.RemoteAddr = tc.remote
+		if tc.xff != "" {
+			r.Header.Set("X-Forwarded-For", tc.xff)
+		}
+		if got := clientAddress(r, tc.header); got != tc.want {
+			t.Errorf("%s %s=%q: %q, want %q", tc.remote, tc.header, tc.xff, got, tc.want)
+		}
+	}
+}
+
+func TestLocalNext(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"":                              "/review",
+		"/review":                       "/review",
+		"/review/approvals/x?done=1":    "/review/approvals/x?done=1",
+		"/review?status=approved&q=a b": "/review?status=approved&q=a b",
+		"https://evil.example/review":   "/review",
+		"//evil.example/review":         "/review",
+		"/\\evil.example":               "/review",
+		"/v1/approvals":                 "/review",
+		"/reviewer":                     "/review",
+		"/review/login?next=/x":         "/review",
+		"javascript:alert(1)":           "/review",
+	} {
+		if got := localNext(in); got != want {
+			t.Errorf("localNext(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestReviewOff(t *testing.T) {
 	t.Parallel()
 	n := startNATS(t, false)
 	e := startEdge(t, n, nil)
-	for _, path := range []string{"/review", "/review/approvals/" + testUUID(1)} {
-		r := e.review(t, http.MethodGet, path, nil, nil)
+	b := e.browser(t)
+	for _, path := range []string{"/review", "/review/login", "/review/approvals/" + testUUID(1)} {
+		r := b.get(t, path)
 		if r.status != http.StatusNotFound || !strings.Contains(string(r.body), "EDGE_REVIEWERS_FILE") {
 			t.Errorf("GET %s with the review page off: status %d body %s; want 404 saying why", path, r.status, r.body)
 		}
@@ -174,12 +439,29 @@ func TestReviewOff(t *testing.T) {
 	e.logs.waitFor(t, "review page off")
 }
 
+func TestReviewAssets(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	e := startEdge(t, n, nil)
+	b := e.browser(t)
+	for name, ctype := range map[string]string{"review.css": "text/css", "review.js": "text/javascript"} {
+		r := b.get(t, assetURL(name))
+		if r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), ctype) || r.header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("%s: %d %q", name, r.status, r.header.Get("Content-Type"))
+		}
+	}
+	if r := b.get(t, "/review/assets/nope.js"); r.status != 404 {
+		t.Errorf("a missing asset: %d", r.status)
+	}
+}
+
 func TestReviewPages(t *testing.T) {
 	t.Parallel()
 	e, fa := reviewEdge(t)
+	b := e.signedIn(t)
 
 	t.Run("List", func(t *testing.T) {
-		r := e.review(t, http.MethodGet, "/review", nil, nil)
+		r := b.get(t, "/review")
 		if r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "text/html") {
 			t.Fatalf("status %d Content-Type %q", r.status, r.header.Get("Content-Type"))
 		}
@@ -187,7 +469,8 @@ func TestReviewPages(t *testing.T) {
 		page := string(r.body)
 		for _, want := range []string{
 			`href="/review/approvals/` + testUUID(1) + `"`, `href="/review/approvals/` + testUUID(2) + `"`,
-			"&lt;CAF=wi-review@mail.example&gt;", "draft_reply", "Signed in as alice",
+			"Reply to Customer", "customer@example.com", "Quote for a new &lt;b&gt;hot water&lt;/b&gt; system",
+			"High", "Quote request", "Waiting 1 min", "Expires in 23 h", "Showing 1–2 of 2", "Signed in as alice",
 		} {
 			if !strings.Contains(page, want) {
 				t.Errorf("the list lacks %q:\n%s", want, page)
@@ -196,33 +479,46 @@ func TestReviewPages(t *testing.T) {
 		c := next(t, fa.calls, "approval.list")
 		var req wire.ApprovalListRequest
 		must(t, wire.DecodeAPI(c.Body, &req))
-		if req.Status != wire.ApprovalStatusPending {
+		if req.Status != wire.ApprovalStatusPending || req.Limit != reviewPageSize || !req.Brief || req.Query != "" {
 			t.Errorf("the list asked for %+v", req)
+		}
+		b.get(t, "/review?status=rejected&q=smith")
+		must(t, wire.DecodeAPI(next(t, fa.calls, "approval.list").Body, &req))
+		if req.Status != wire.ApprovalStatusRejected || req.Query != "smith" {
+			t.Errorf("the filtered list asked for %+v", req)
 		}
 	})
 
 	t.Run("Approval", func(t *testing.T) {
 		id := testUUID(12)
-		r := e.review(t, http.MethodGet, "/review/approvals/"+id, nil, nil)
+		r := b.get(t, "/review/approvals/"+id)
 		if r.status != 200 {
 			t.Fatalf("status %d body %s", r.status, r.body)
 		}
 		checkReviewHeaders(t, r)
 		page := string(r.body)
-		if strings.Contains(page, "<script>") || strings.Contains(page, "<b>hot water</b>") {
+		if strings.Contains(page, "<script>alert") || strings.Contains(page, "<b>hot water</b>") {
 			t.Errorf("the e-mail's markup reached the page unescaped:\n%s", page)
 		}
 		a := sampleApproval(id)
 		for _, want := range []string{
-			"&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;", "Tom &amp; Jerry", "Quote for a new &lt;b&gt;hot water&lt;/b&gt; system",
-			"Customer &lt;customer@example.com&gt;",
-			"Re: Quote for a new hot water system", "we can quote on Tuesday.", a.ProposedSHA256, "friendly",
-			`name="decision" value="approve"`, `name="decision" value="edit"`, `name="decision" value="reject"`,
-			`name="subject" value="Re: Quote for a new hot water system"`, `name="reason"`,
+			"Reply to Customer", "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;", "Tom &amp; Jerry",
+			"Quote for a new &lt;b&gt;hot water&lt;/b&gt; system", "Customer &lt;customer@example.com&gt;",
+			"Why this was proposed", "the AI model", "82%", "Quote request",
+			"e-mailed to customer@example.com", "Approve and send the reply",
+			`value="Re: Quote for a new hot water system"`, "we can quote on Tuesday.", a.ProposedSHA256,
+			`name="decision" value="approve"`, `name="decision" value="reject"`, `name="reason"`,
+			`<select id="f-tone" name="p.tone"`, `<option value="friendly" selected>`,
 		} {
 			if !strings.Contains(page, want) {
 				t.Errorf("the page lacks %q", want)
 			}
+		}
+		// Enter in a field must not send the decision: the form's first
+		// submit button is disabled (HTML implicit submission).
+		form := page[strings.Index(page, `<form id="approve-form"`):]
+		if first := regexp.MustCompile(`<button[^>]*>`).FindString(form); !strings.Contains(first, "disabled") {
+			t.Errorf("the decision form's first button is %s, want a disabled one", first)
 		}
 		if c := next(t, fa.calls, "approval.get"); c.approvalID() != id {
 			t.Errorf("the page asked for %s", c.Body)
@@ -230,35 +526,37 @@ func TestReviewPages(t *testing.T) {
 	})
 
 	t.Run("Decided", func(t *testing.T) {
-		r := e.review(t, http.MethodGet, "/review/approvals/"+idDecided, nil, nil)
+		r := b.get(t, "/review/approvals/"+idDecided)
 		page := string(r.body)
-		if r.status != 200 || strings.Contains(page, "<form") {
-			t.Fatalf("status %d; a decided approval must show no forms:\n%s", r.status, page)
+		if r.status != 200 || strings.Contains(page, `id="approve-form"`) || strings.Contains(page, `id="reject-form"`) {
+			t.Fatalf("status %d; a decided approval must show no decision forms:\n%s", r.status, page)
 		}
-		for _, want := range []string{"reviewer:bob", "Decided at", "Edited by Bob", "status-approved", "nothing to decide"} {
+		for _, want := range []string{"Approved with changes by bob", "Edited by Bob", "with the reviewer's changes", "Next"} {
 			if !strings.Contains(page, want) {
 				t.Errorf("the decided approval's page lacks %q", want)
 			}
 		}
 		next(t, fa.calls, "approval.get")
+		next(t, fa.calls, "approval.list") // the next pending item
 	})
 
 	t.Run("PastExpiry", func(t *testing.T) {
-		r := e.review(t, http.MethodGet, "/review/approvals/"+idPastExpiry, nil, nil)
+		r := b.get(t, "/review/approvals/"+idPastExpiry)
 		page := string(r.body)
-		if r.status != 200 || strings.Contains(page, "<form") || !strings.Contains(page, "(expired)") {
+		if r.status != 200 || strings.Contains(page, `id="approve-form"`) || !strings.Contains(page, "Expired: nobody decided in time") {
 			t.Errorf("status %d; an approval past its expiry must say so and show no forms:\n%s", r.status, page)
 		}
 		next(t, fa.calls, "approval.get")
+		next(t, fa.calls, "approval.list")
 	})
 
 	t.Run("NotFound", func(t *testing.T) {
-		r := e.review(t, http.MethodGet, "/review/approvals/"+idNotFound, nil, nil)
+		r := b.get(t, "/review/approvals/"+idNotFound)
 		if r.status != 404 || !strings.Contains(string(r.body), "No such approval") {
 			t.Errorf("status %d body %s", r.status, r.body)
 		}
 		next(t, fa.calls, "approval.get")
-		if r := e.review(t, http.MethodGet, "/review/approvals/nope", nil, nil); r.status != 400 {
+		if r := b.get(t, "/review/approvals/nope"); r.status != 400 {
 			t.Errorf("a bad id: status %d", r.status)
 		}
 	})
@@ -267,12 +565,13 @@ func TestReviewPages(t *testing.T) {
 func TestReviewDecide(t *testing.T) {
 	t.Parallel()
 	e, fa := reviewEdge(t)
+	b := e.signedIn(t)
 
 	post := func(t *testing.T, id string, form url.Values) response {
 		t.Helper()
-		r := e.review(t, http.MethodPost, "/review/approvals/"+id, form, nil)
-		if r.status != http.StatusSeeOther || r.header.Get("Location") != "/review/approvals/"+id {
-			t.Fatalf("status %d Location %q, want 303 back to the approval; body %s", r.status, r.header.Get("Location"), r.body)
+		r := b.do(t, http.MethodPost, "/review/approvals/"+id, form, nil)
+		if r.status != http.StatusSeeOther || r.header.Get("Location") != "/review/approvals/"+id+"?done=1" {
+			t.Fatalf("status %d Location %q, want 303 to the confirmation; body %s", r.status, r.header.Get("Location"), r.body)
 		}
 		checkReviewHeaders(t, r)
 		return r
@@ -292,21 +591,28 @@ func TestReviewDecide(t *testing.T) {
 		}
 		return req
 	}
+	proposedForm := func(token string) url.Values {
+		return url.Values{"decision": {"approve"}, "csrf": {token},
+			"p.subject": {"Re: Quote for a new hot water system"}, "p.body": {"Hello,\r\nwe can quote on Tuesday.\r\nRegards"}}
+	}
 
-	t.Run("Approve", func(t *testing.T) {
+	t.Run("ApproveUnchanged", func(t *testing.T) {
 		id := testUUID(21)
-		post(t, id, url.Values{"decision": {"approve"}, "csrf": {e.csrfOf(t, id)}})
+		post(t, id, proposedForm(b.csrfOf(t, id)))
 		if req := decided(t, id); req.Decision != wire.DecisionApprove || req.Edited != nil {
-			t.Errorf("the brain got %+v", req)
+			t.Errorf("the brain got %+v, want approve as proposed", req)
 		}
 	})
 
-	t.Run("EditDraft", func(t *testing.T) {
+	t.Run("Edit", func(t *testing.T) {
 		id := testUUID(22)
-		post(t, id, url.Values{"decision": {"edit"}, "csrf": {e.csrfOf(t, id)},
-			"subject": {"Re: Your quote"}, "body": {"Hello,\r\nTuesday at 9 works.\r\n<b>Bob</b>"}})
+		f := proposedForm(b.csrfOf(t, id))
+		f.Set("p.subject", "Re: Your quote")
+		f.Set("p.body", "Hello,\r\nTuesday at 9 works.\r\n<b>Bob</b> ⟦U+202E right-to-left override⟧")
+		f.Set("p.tone", "formal")
+		post(t, id, f)
 		req := decided(t, id)
-		want := `{"subject":"Re: Your quote","body":"Hello,\nTuesday at 9 works.\n\u003cb\u003eBob\u003c/b\u003e","tone":"friendly"}`
+		want := `{"body":"Hello,\nTuesday at 9 works.\n\u003cb\u003eBob\u003c/b\u003e ` + "\u202e" + `","subject":"Re: Your quote","tone":"formal"}`
 		if req.Decision != wire.DecisionEdit || string(req.Edited) != want {
 			t.Errorf("the brain got %s %s, want edit with %s", req.Decision, req.Edited, want)
 		}
@@ -314,18 +620,27 @@ func TestReviewDecide(t *testing.T) {
 
 	t.Run("Reject", func(t *testing.T) {
 		id := testUUID(23)
-		post(t, id, url.Values{"decision": {"reject"}, "csrf": {e.csrfOf(t, id)}, "reason": {"  already answered by phone \r\n"}})
+		post(t, id, url.Values{"decision": {"reject"}, "csrf": {b.csrfOf(t, id)}, "reason": {"  already answered by phone \r\n"}})
 		if req := decided(t, id); req.Decision != wire.DecisionReject || req.Reason != "already answered by phone" {
 			t.Errorf("the brain got %+v", req)
 		}
 	})
 
+	t.Run("Confirmation", func(t *testing.T) {
+		// The fake brain's record says bob decided idDecided: alice gets no confirmation for it.
+		r := b.get(t, "/review/approvals/"+idDecided+"?done=1")
+		if strings.Contains(string(r.body), `id="done-h"`) {
+			t.Error("a confirmation of somebody else's decision")
+		}
+		next(t, fa.calls, "approval.get")
+		next(t, fa.calls, "approval.list")
+	})
+
 	t.Run("OlderBrowser", func(t *testing.T) {
 		// No Fetch Metadata; the Origin is this host.
 		id := testUUID(26)
-		token := e.csrfOf(t, id)
-		r := e.review(t, http.MethodPost, "/review/approvals/"+id, url.Values{"decision": {"approve"}, "csrf": {token}},
-			map[string]string{"Sec-Fetch-Site": "", "Origin": e.url})
+		f := proposedForm(b.csrfOf(t, id))
+		r := b.do(t, http.MethodPost, "/review/approvals/"+id, f, map[string]string{"Sec-Fetch-Site": "", "Origin": e.url})
 		if r.status != http.StatusSeeOther {
 			t.Fatalf("status %d, want 303; body %s", r.status, r.body)
 		}
@@ -333,11 +648,11 @@ func TestReviewDecide(t *testing.T) {
 	})
 
 	t.Run("AlreadyResolved", func(t *testing.T) {
-		token := e.csrfOf(t, idResolved)
+		token := b.csrfOf(t, idResolved)
 		next(t, fa.calls, "approval.get")
-		r := e.review(t, http.MethodPost, "/review/approvals/"+idResolved, url.Values{"decision": {"approve"}, "csrf": {token}}, nil)
-		if r.status != http.StatusConflict || !strings.Contains(string(r.body), "already resolved") {
-			t.Errorf("status %d, want 409 and the page saying it is already resolved:\n%s", r.status, r.body)
+		r := b.do(t, http.MethodPost, "/review/approvals/"+idResolved, proposedForm(token), nil)
+		if r.status != http.StatusConflict || !strings.Contains(string(r.body), "Someone already decided this approval") {
+			t.Errorf("status %d, want 409 and the page saying it is already decided:\n%s", r.status, r.body)
 		}
 		checkReviewHeaders(t, r)
 		for _, m := range []string{subjects.APIApprovalGet, subjects.APIApprovalDecide, subjects.APIApprovalGet} {
@@ -349,9 +664,9 @@ func TestReviewDecide(t *testing.T) {
 
 	t.Run("RejectWithoutReason", func(t *testing.T) {
 		id := testUUID(24)
-		token := e.csrfOf(t, id)
+		token := b.csrfOf(t, id)
 		next(t, fa.calls, "approval.get")
-		r := e.review(t, http.MethodPost, "/review/approvals/"+id, url.Values{"decision": {"reject"}, "csrf": {token}, "reason": {"  "}}, nil)
+		r := b.do(t, http.MethodPost, "/review/approvals/"+id, url.Values{"decision": {"reject"}, "csrf": {token}, "reason": {"  "}}, nil)
 		if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "needs a reason") {
 			t.Errorf("status %d body %s, want 400 asking for a reason", r.status, r.body)
 		}
@@ -360,18 +675,34 @@ func TestReviewDecide(t *testing.T) {
 
 	t.Run("EditKeepsTypedText", func(t *testing.T) {
 		id := testUUID(25)
-		token := e.csrfOf(t, id)
+		token := b.csrfOf(t, id)
 		next(t, fa.calls, "approval.get")
-		r := e.review(t, http.MethodPost, "/review/approvals/"+id, url.Values{"decision": {"edit"}, "csrf": {token},
-			"subject": {"two\nlines"}, "body": {"my careful <edit>"}}, nil)
-		if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), html.EscapeString("my careful <edit>")) {
+		f := proposedForm(token)
+		f.Set("p.subject", "two\nlines")
+		f.Set("p.body", "my careful <edit>")
+		r := b.do(t, http.MethodPost, "/review/approvals/"+id, f, nil)
+		if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), html.EscapeString("my careful <edit>")) ||
+			!strings.Contains(string(r.body), "Subject must be one line") {
 			t.Errorf("status %d, want 400 with the typed body kept:\n%s", r.status, r.body)
 		}
 		next(t, fa.calls, "approval.get")
 	})
 
+	t.Run("EditBreaksSchema", func(t *testing.T) {
+		id := testUUID(27)
+		token := b.csrfOf(t, id)
+		next(t, fa.calls, "approval.get")
+		f := proposedForm(token)
+		f.Set("p.subject", strings.Repeat("x", 301))
+		r := b.do(t, http.MethodPost, "/review/approvals/"+id, f, nil)
+		if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "Subject is longer than 300 characters.") {
+			t.Errorf("status %d, want 400 naming the field:\n%s", r.status, r.body)
+		}
+		next(t, fa.calls, "approval.get")
+	})
+
 	id := testUUID(30)
-	token := e.csrfOf(t, id)
+	token := b.csrfOf(t, id)
 	next(t, fa.calls, "approval.get")
 	for _, tc := range []struct {
 		name   string
@@ -380,7 +711,7 @@ func TestReviewDecide(t *testing.T) {
 	}{
 		{"NoCSRF", url.Values{"decision": {"approve"}}, nil},
 		{"WrongCSRF", url.Values{"decision": {"approve"}, "csrf": {strings.Repeat("0", 64)}}, nil},
-		{"OtherApprovalsCSRF", url.Values{"decision": {"approve"}, "csrf": {e.csrfOf(t, testUUID(31))}}, nil},
+		{"OtherApprovalsCSRF", url.Values{"decision": {"approve"}, "csrf": {b.csrfOf(t, testUUID(31))}}, nil},
 		{"CrossSite", url.Values{"decision": {"approve"}, "csrf": {token}}, map[string]string{"Sec-Fetch-Site": "cross-site"}},
 		{"SameSite", url.Values{"decision": {"approve"}, "csrf": {token}}, map[string]string{"Sec-Fetch-Site": "same-site"}},
 		{"ForeignOrigin", url.Values{"decision": {"approve"}, "csrf": {token}},
@@ -390,7 +721,7 @@ func TestReviewDecide(t *testing.T) {
 			map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "https://evil.example"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := e.review(t, http.MethodPost, "/review/approvals/"+id, tc.form, tc.header)
+			r := b.do(t, http.MethodPost, "/review/approvals/"+id, tc.form, tc.header)
 			if r.status != http.StatusForbidden {
 				t.Errorf("status %d, want 403; body %s", r.status, r.body)
 			}
@@ -400,11 +731,14 @@ func TestReviewDecide(t *testing.T) {
 	next(t, fa.calls, "approval.get") // of OtherApprovalsCSRF's page
 	fa.none(t, "a refused post")
 
-	// bob's token is not alice's.
-	bobToken := csrfToken(csrfKey(testToken), "bob", id)
-	if r := e.review(t, http.MethodPost, "/review/approvals/"+id, url.Values{"decision": {"approve"}, "csrf": {bobToken}}, nil); r.status != 403 {
-		t.Errorf("alice posting bob's token: status %d, want 403", r.status)
+	// Another session's token is not this one's, even for the same reviewer.
+	other := e.signedIn(t)
+	otherToken := other.csrfOf(t, id)
+	next(t, fa.calls, "approval.get")
+	if r := b.do(t, http.MethodPost, "/review/approvals/"+id, url.Values{"decision": {"approve"}, "csrf": {otherToken}}, nil); r.status != 403 {
+		t.Errorf("a token of another session: status %d, want 403", r.status)
 	}
+	fa.none(t, "a post with another session's token")
 }
 
 func TestLoadReviewers(t *testing.T) {

@@ -53,10 +53,12 @@ type deps struct {
 	token     string
 	connected func() bool
 	logger    *slog.Logger
-	// reviewers of the review page; nil when it is off.
-	reviewers *reviewers
+	// auth signs reviewers in and out; nil when the review page is off.
+	auth *reviewAuth
 	// csrfKey signs the review page's forms (see review.go).
 	csrfKey []byte
+	// clock is the review page's time zone and clock.
+	clock *reviewClock
 }
 
 // routes lists every HTTP route of the edge.
@@ -75,10 +77,14 @@ func routes(mux *http.ServeMux, d deps) {
 		requireToken(d, handleApprovalDecide(d, wire.DecisionReject))))
 	mux.Handle("GET /v1/report", logged(d, "GET /v1/report", requireToken(d, handleReport(d))))
 
-	// The review page, for humans (HTML, HTTP Basic).
+	// The review page, for humans (HTML; a session from the sign-in form).
+	mux.Handle("GET /review/login", logged(d, "GET /review/login", handleLoginForm(d)))
+	mux.Handle("POST /review/login", logged(d, "POST /review/login", handleLogin(d)))
+	mux.Handle("POST /review/logout", logged(d, "POST /review/logout", requireReviewer(d, handleLogout(d))))
 	mux.Handle("GET /review", logged(d, "GET /review", requireReviewer(d, handleReviewList(d))))
 	mux.Handle("GET /review/approvals/{id}", logged(d, "GET /review/approvals/{id}", requireReviewer(d, handleReviewApproval(d))))
 	mux.Handle("POST /review/approvals/{id}", logged(d, "POST /review/approvals/{id}", requireReviewer(d, handleReviewDecide(d))))
+	mux.Handle("GET /review/assets/{name}", loggedAt(d, slog.LevelDebug, "GET /review/assets/{name}", handleReviewAsset()))
 
 	// Probes run every few seconds: their lines are Debug, not Info.
 	mux.Handle("GET /healthz", loggedAt(d, slog.LevelDebug, "GET /healthz", handleHealthz()))

@@ -56,7 +56,7 @@ type Approval struct {
 	Status           ApprovalStatus `json:"status"`
 	// Proposed is the exact parameters proposed (for draft_reply: subject,
 	// body, tone); ProposedSHA256 is ContentSHA256 of them.
-	Proposed       json.RawMessage `json:"proposed"`
+	Proposed       json.RawMessage `json:"proposed,omitempty"` // left out of brief lists
 	ProposedSHA256 string          `json:"proposed_sha256"`
 	// Edited and EditedSHA256 are set when a human edited before approving.
 	Edited       json.RawMessage `json:"edited,omitempty"`
@@ -69,6 +69,17 @@ type Approval struct {
 	DecidedAt      *time.Time `json:"decided_at,omitempty"`
 	RejectReason   string     `json:"reject_reason,omitempty"`
 	CreatedAt      time.Time  `json:"created_at"`
+	// Assessment is what the brain concluded about the item when it proposed
+	// the action (category, priority, confidence, rule or model), copied onto
+	// the record so it explains itself. Nil on records written before it was
+	// kept that the migration could not fill.
+	Assessment *Assessment `json:"assessment,omitempty"`
+	// Sender and Subject are the e-mail's From and Subject, as received.
+	Sender  string `json:"sender,omitempty"`
+	Subject string `json:"subject,omitempty"`
+	// Recipient is who receives what is approved, when the action sends
+	// something to a person (a reply goes to the sender's address).
+	Recipient string `json:"recipient,omitempty"`
 }
 
 // ContentSHA256 is the hash an approval records: SHA-256 over the
@@ -79,15 +90,35 @@ func ContentSHA256(canonicalParams []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ApprovalListRequest is api.approval.list.
+// ApprovalListRequest is api.approval.list. Pending approvals come most
+// urgent first (priority urgent, high, normal, low, then none), oldest first
+// within a priority; the others most recently decided first.
 type ApprovalListRequest struct {
 	Status ApprovalStatus `json:"status,omitempty"` // default pending
 	Limit  int            `json:"limit,omitempty"`  // default 50, at most 200
+	// Query keeps approvals whose sender or subject contains it, ignoring
+	// case; at most MaxApprovalQueryBytes.
+	Query string `json:"query,omitempty"`
+	// Cursor continues a listing from its NextCursor; it is only valid with
+	// the same status and query.
+	Cursor string `json:"cursor,omitempty"`
+	// Brief leaves out the proposed and edited content (Proposed, Edited),
+	// for a list that shows only who, what and when.
+	Brief bool `json:"brief,omitempty"`
 }
+
+// MaxApprovalQueryBytes bounds ApprovalListRequest.Query.
+const MaxApprovalQueryBytes = 200
 
 // ApprovalListReply answers ApprovalListRequest.
 type ApprovalListReply struct {
 	Approvals []Approval `json:"approvals"`
+	// Total is how many approvals match the status and query; Offset how
+	// many of them come before this page.
+	Total  int `json:"total"`
+	Offset int `json:"offset"`
+	// NextCursor fetches the next page; empty on the last one.
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // ApprovalGetRequest is api.approval.get.

@@ -270,16 +270,18 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 		t.Fatal("no event reached the webhook with the n8n credential's token")
 	}
 
-	// The review page takes the reviewer from the reviewers file.
-	req, _ := http.NewRequest("GET", base+"/review", nil)
-	req.SetBasicAuth("dev", e.opts.ReviewerPassword)
-	resp, err := http.DefaultClient.Do(req)
+	// The review page signs in the reviewer of the reviewers file.
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, _ := http.NewRequest("POST", base+"/review/login",
+		strings.NewReader(url.Values{"name": {"dev"}, "password": {e.opts.ReviewerPassword}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := noFollow.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("review page: %d", resp.StatusCode)
+	if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 {
+		t.Fatalf("review page sign-in: %d, cookies %v", resp.StatusCode, resp.Cookies())
 	}
 }
 

@@ -9,11 +9,15 @@ package approval
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/mail"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -98,6 +102,15 @@ func (a *Approvals) Extend(_ context.Context, t *registry.Tenant, w *store.TurnW
 			Proposed:         out.Action.Params,
 			ProposedSHA256:   wire.ContentSHA256(out.Action.Params),
 		}
+		// The record explains itself: why it was proposed, and about what.
+		as := out.Assessment
+		if as.Source == "carried" {
+			as.Source = it.AssessmentSource
+		}
+		rec.Assessment = &as
+		if e := it.Email; e != nil {
+			rec.Sender, rec.Subject = e.From, e.Subject
+		}
 		w.Extra = append(w.Extra, store.ApprovalInsert(rec, t.ApprovalTTL))
 		reply.Action.ApprovalID = rec.ID
 	}
@@ -122,11 +135,19 @@ func (a *Approvals) Approval(ctx context.Context, q store.DBTX, workItemID strin
 	if err != nil {
 		return nil, err
 	}
-	return &engine.Approval{ID: ap.ID, Status: engine.ApprovalStatus(ap.Status), ApprovedSHA256: ap.ApprovedSHA256,
-		ProposedAt: ap.CreatedAt}, nil
+	out := &engine.Approval{ID: ap.ID, Status: engine.ApprovalStatus(ap.Status), ApprovedSHA256: ap.ApprovedSHA256,
+		ProposedAt: ap.CreatedAt}
+	if ap.Status == wire.ApprovalStatusApproved {
+		out.Approved = ap.Proposed
+		if len(ap.Edited) > 0 {
+			out.Approved = ap.Edited
+		}
+	}
+	return out, nil
 }
 
-// List serves api.approval.list.
+// List serves api.approval.list: a page of approvals with a status, most
+// urgent then oldest first while pending, searchable by sender or subject.
 func (a *Approvals) List(ctx context.Context, t *registry.Tenant, req *wire.ApprovalListRequest) (*wire.ApprovalListReply, error) {
 	status := req.Status
 	if status == "" {
@@ -144,15 +165,79 @@ func (a *Approvals) List(ctx context.Context, t *registry.Tenant, req *wire.Appr
 	if limit < 1 || limit > 200 {
 		return nil, &wire.Error{Code: wire.CodeInvalid, Field: "limit", Message: "limit must be between 1 and 200"}
 	}
+	query := strings.TrimSpace(req.Query)
+	if len(query) > wire.MaxApprovalQueryBytes || !utf8.ValidString(query) || strings.ContainsRune(query, 0) {
+		return nil, &wire.Error{Code: wire.CodeInvalid, Field: "query",
+			Message: fmt.Sprintf("query must be text of at most %d bytes", wire.MaxApprovalQueryBytes)}
+	}
+	lq := store.ApprovalListQuery{Status: status, Search: query, Limit: limit}
+	if req.Cursor != "" {
+		c, err := decodeCursor(req.Cursor, status, query)
+		if err != nil {
+			return nil, err
+		}
+		lq.After = &c
+	}
 	pool, err := a.pools.Pool(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	as, err := store.ApprovalList(ctx, pool, status, limit)
+	page, err := store.ApprovalList(ctx, pool, lq)
 	if err != nil {
 		return nil, err
 	}
-	return &wire.ApprovalListReply{Approvals: as}, nil
+	rep := &wire.ApprovalListReply{Approvals: page.Approvals, Total: page.Total, Offset: page.Offset}
+	for i := range rep.Approvals {
+		withRecipient(&rep.Approvals[i])
+		if req.Brief {
+			rep.Approvals[i].Proposed, rep.Approvals[i].Edited = nil, nil
+		}
+	}
+	if n := len(page.Keys); n == limit && page.Offset+n < page.Total {
+		rep.NextCursor = encodeCursor(page.Keys[n-1], status, query)
+	}
+	return rep, nil
+}
+
+// cursor is a listing's position: the last key of a page, and the status
+// and query it belongs to (a cursor means nothing in another listing).
+type cursor struct {
+	store.ApprovalKey
+	Status wire.ApprovalStatus `json:"s"`
+	Query  string              `json:"q,omitempty"`
+}
+
+func encodeCursor(k store.ApprovalKey, status wire.ApprovalStatus, query string) string {
+	b, _ := json.Marshal(cursor{ApprovalKey: k, Status: status, Query: query}) // plain fields: cannot fail
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeCursor(s string, status wire.ApprovalStatus, query string) (store.ApprovalKey, error) {
+	bad := &wire.Error{Code: wire.CodeInvalid, Field: "cursor",
+		Message: "cursor is not one this listing gave out (it belongs to another status or query, or is damaged); start from the first page"}
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) > 1024 {
+		return store.ApprovalKey{}, bad
+	}
+	var c cursor
+	if err := json.Unmarshal(b, &c); err != nil || c.Status != status || c.Query != query || uuid.Validate(c.ID) != nil {
+		return store.ApprovalKey{}, bad
+	}
+	return c.ApprovalKey, nil
+}
+
+// withRecipient sets who receives what an approval approves: the sender's
+// address, for an action that answers the e-mail.
+func withRecipient(ap *wire.Approval) {
+	act, ok := catalogue.Lookup(catalogue.Version(ap.CatalogueVersion), catalogue.Name(ap.Action))
+	if !ok || act.Product != "email" || ap.Sender == "" {
+		return
+	}
+	if addr, err := mail.ParseAddress(ap.Sender); err == nil {
+		ap.Recipient = addr.Address
+		return
+	}
+	ap.Recipient = ap.Sender
 }
 
 // Get serves api.approval.get, with the e-mail the approval is about.
@@ -169,6 +254,7 @@ func (a *Approvals) Get(ctx context.Context, t *registry.Tenant, req *wire.Appro
 	if err != nil {
 		return nil, err
 	}
+	withRecipient(&ap)
 	return &wire.ApprovalGetReply{Approval: ap, Email: item.Email}, nil
 }
 
@@ -199,6 +285,18 @@ func (a *Approvals) Decide(ctx context.Context, t *registry.Tenant, req *wire.Ap
 		if err != nil {
 			return nil, &wire.Error{Code: wire.CodeInvalid, Field: "edited", Message: err.Error()}
 		}
+		// A read-only parameter (external_ref: what keeps n8n from creating
+		// the job twice) is shown to the reviewer but never changed.
+		if form, ok := catalogue.FormOf(catalogue.Version(ap.CatalogueVersion), action.Name); ok {
+			param, err := form.ReadOnlyChange(ap.Proposed, canon)
+			if err != nil {
+				return nil, fmt.Errorf("approval %s: compare read-only parameters: %w", ap.ID, err)
+			}
+			if param != "" {
+				return nil, &wire.Error{Code: wire.CodeInvalid, Field: "edited." + param,
+					Message: fmt.Sprintf("action %s: parameter %q cannot be changed by an edit; keep the proposed value", action.Name, param)}
+			}
+		}
 		d.Edited, d.EditedSHA256 = canon, wire.ContentSHA256(canon)
 	}
 	rec, ev, err := store.ApprovalDecide(ctx, pool, d)
@@ -214,6 +312,7 @@ func (a *Approvals) Decide(ctx context.Context, t *registry.Tenant, req *wire.Ap
 	}
 	a.log.Info("approval decided", "tenant_id", t.ID, "approval_id", rec.ID, "status", rec.Status, "event_id", ev.EventID)
 	a.kick()
+	withRecipient(&rec)
 	return &wire.ApprovalDecideReply{Approval: rec, EventID: ev.EventID}, nil
 }
 

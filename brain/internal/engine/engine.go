@@ -85,7 +85,10 @@ type Approval struct {
 	Status ApprovalStatus
 	// ApprovedSHA256 is the hash of the text a human approved (after any edit).
 	ApprovedSHA256 string
-	ProposedAt     time.Time
+	// Approved is the content a human approved: the edited parameters after
+	// an edit, the proposed ones otherwise; nil until approved.
+	Approved   json.RawMessage
+	ProposedAt time.Time
 }
 
 // Input is one turn's input.
@@ -409,8 +412,12 @@ func (e *Engine) afterApproval(in *Input, a wire.Assessment) Outcome {
 		}
 		return proposed(a, p)
 	case catalogue.CreateJob:
-		// The approved job itself is executed now.
-		p, err := Admit(in.Tenant, it.CatalogueVersion, catalogue.CreateJob, it.LastActionParams)
+		// The approved job itself is executed now: as the human edited it.
+		params := it.LastActionParams
+		if len(ap.Approved) > 0 {
+			params = ap.Approved
+		}
+		p, err := Admit(in.Tenant, it.CatalogueVersion, catalogue.CreateJob, params)
 		if err != nil {
 			return Escalate(in, a, ReasonActionNotAdmitted)
 		}

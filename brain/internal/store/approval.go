@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,30 +24,55 @@ var (
 
 const approvalColumns = `id::text, work_item_id, turn, action, catalogue_version, approval_mode, proof, status,
 	proposed, proposed_sha256, edited, COALESCE(edited_sha256, ''), COALESCE(approved_sha256, ''), expires_at,
-	COALESCE(decided_by, ''), decided_at, COALESCE(reject_reason, ''), created_at`
+	COALESCE(decided_by, ''), decided_at, COALESCE(reject_reason, ''), created_at,
+	category, COALESCE(priority, ''), COALESCE(confidence, 0), COALESCE(assessment_source, ''),
+	COALESCE(assessment_rule, ''), COALESCE(email_from, ''), COALESCE(email_subject, '')`
 
 func scanApproval(row pgx.CollectableRow) (wire.Approval, error) {
 	var a wire.Approval
-	var proposed, edited []byte
-	err := row.Scan(&a.ID, &a.WorkItemID, &a.Turn, &a.Action, &a.CatalogueVersion, &a.ApprovalMode, &a.Proof, &a.Status,
-		&proposed, &a.ProposedSHA256, &edited, &a.EditedSHA256, &a.ApprovedSHA256, &a.ExpiresAt, &a.DecidedBy,
-		&a.DecidedAt, &a.RejectReason, &a.CreatedAt)
-	a.Proposed = proposed
-	if edited != nil {
-		a.Edited = edited
-	}
+	dest, finish := approvalDest(&a)
+	err := row.Scan(dest...)
+	finish()
 	return a, err
+}
+
+// approvalDest is where approvalColumns scan into, and what to do after.
+func approvalDest(a *wire.Approval) ([]any, func()) {
+	var proposed, edited []byte
+	var category *string
+	var as wire.Assessment
+	dest := []any{&a.ID, &a.WorkItemID, &a.Turn, &a.Action, &a.CatalogueVersion, &a.ApprovalMode, &a.Proof, &a.Status,
+		&proposed, &a.ProposedSHA256, &edited, &a.EditedSHA256, &a.ApprovedSHA256, &a.ExpiresAt, &a.DecidedBy,
+		&a.DecidedAt, &a.RejectReason, &a.CreatedAt,
+		&category, &as.Priority, &as.Confidence, &as.Source, &as.Rule, &a.Sender, &a.Subject}
+	return dest, func() {
+		a.Proposed = proposed
+		if edited != nil {
+			a.Edited = edited
+		}
+		if category != nil {
+			as.Category = *category
+			a.Assessment = &as
+		}
+	}
 }
 
 // ApprovalInsert is the statement that writes a new pending approval in a
 // turn's transaction, expiring ttl after the database's clock: every
 // comparison with expires_at (decide, sweep) uses that same clock.
 func ApprovalInsert(a wire.Approval, ttl time.Duration) Statement {
+	as := a.Assessment
+	if as == nil {
+		as = &wire.Assessment{}
+	}
 	return Statement{SQL: `INSERT INTO approvals (id, work_item_id, turn, action, catalogue_version, approval_mode, proof,
-			status, proposed, proposed_sha256, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, now() + make_interval(secs => $10))`,
+			status, proposed, proposed_sha256, expires_at,
+			category, priority, confidence, assessment_source, assessment_rule, email_from, email_subject)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, now() + make_interval(secs => $10),
+			NULLIF($11, ''), NULLIF($12, ''), $13, NULLIF($14, ''), NULLIF($15, ''), NULLIF($16, ''), NULLIF($17, ''))`,
 		Args: []any{a.ID, a.WorkItemID, a.Turn, a.Action, a.CatalogueVersion, a.ApprovalMode, a.Proof,
-			[]byte(a.Proposed), a.ProposedSHA256, ttl.Seconds()}}
+			[]byte(a.Proposed), a.ProposedSHA256, ttl.Seconds(),
+			as.Category, as.Priority, as.Confidence, as.Source, as.Rule, a.Sender, a.Subject}}
 }
 
 // ApprovalSupersede is the statement that closes a work item's pending
@@ -73,15 +99,90 @@ func ApprovalLatest(ctx context.Context, q DBTX, workItemID string) (wire.Approv
 	return a, translate(err, "get latest approval")
 }
 
-// ApprovalList returns approvals with a status, oldest first.
-func ApprovalList(ctx context.Context, q DBTX, status wire.ApprovalStatus, limit int) ([]wire.Approval, error) {
-	rows, _ := q.Query(ctx, `SELECT `+approvalColumns+` FROM approvals WHERE status = $1 ORDER BY created_at, id LIMIT $2`, status, limit)
-	as, err := pgx.CollectRows(rows, scanApproval)
-	if as == nil {
-		as = []wire.Approval{}
-	}
-	return as, translate(err, "list approvals")
+// ApprovalListQuery selects a page of approvals.
+type ApprovalListQuery struct {
+	Status wire.ApprovalStatus
+	// Search keeps approvals whose sender or subject contains it (any case).
+	Search string
+	Limit  int
+	// After is the sort key of the last approval of the previous page.
+	After *ApprovalKey
 }
+
+// ApprovalKey is an approval's place in a listing: for pending approvals
+// (Urgency, At = created_at, ID) ascending, most urgent then oldest first;
+// for the others (At = decided_at, ID) descending, latest decided first.
+type ApprovalKey struct {
+	Urgency int       `json:"u"`
+	At      time.Time `json:"t"`
+	ID      string    `json:"id"`
+}
+
+// ApprovalPage is one page of a listing.
+type ApprovalPage struct {
+	Approvals []wire.Approval
+	Keys      []ApprovalKey // the sort key of each approval
+	Total     int           // approvals matching status and search
+	Offset    int           // of them, how many sort before this page
+}
+
+// ApprovalList returns a page of approvals with a status, in the listing's
+// order (see ApprovalKey), with how many match in all. Keyset pagination: a
+// page continues after the last key of the previous one, so approvals
+// decided in between do not shift the pages.
+func ApprovalList(ctx context.Context, q DBTX, lq ApprovalListQuery) (ApprovalPage, error) {
+	// The sort key, its order, and the conditions "sorts after" and "sorts
+	// at or before" the key @urgency, @at, @id.
+	key, order := `urgency, created_at`, `urgency, created_at, id`
+	after := `(urgency, created_at, id) > (@urgency, @at, @id::uuid)`
+	before := `(urgency, created_at, id) <= (@urgency, @at, @id::uuid)`
+	if lq.Status != wire.ApprovalStatusPending {
+		key, order = `0::smallint, decided_at`, `decided_at DESC, id DESC`
+		after, before = `(decided_at, id) < (@at, @id::uuid)`, `(decided_at, id) >= (@at, @id::uuid)`
+	}
+	args := pgx.NamedArgs{"status": string(lq.Status), "pattern": "", "limit": lq.Limit, "id": nil,
+		"urgency": int16(0), "at": time.Time{}}
+	if lq.Search != "" {
+		args["pattern"] = "%" + likeEscaper.Replace(lq.Search) + "%"
+	}
+	if k := lq.After; k != nil {
+		args["urgency"], args["at"], args["id"] = int16(k.Urgency), k.At, k.ID
+	}
+	where := `status = @status AND (@pattern::text = '' OR email_from ILIKE @pattern OR email_subject ILIKE @pattern)`
+	page := ApprovalPage{Approvals: []wire.Approval{}, Keys: []ApprovalKey{}}
+	b := &pgx.Batch{}
+	b.Queue(`SELECT `+approvalColumns+`, `+key+` FROM approvals
+		WHERE `+where+` AND (@id::text IS NULL OR `+after+`) ORDER BY `+order+` LIMIT @limit`, args).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var a wire.Approval
+			var urgency int16
+			var at *time.Time
+			dest, finish := approvalDest(&a)
+			if err := rows.Scan(append(dest, &urgency, &at)...); err != nil {
+				return err
+			}
+			finish()
+			key := ApprovalKey{Urgency: int(urgency), ID: a.ID}
+			if at != nil {
+				key.At = *at
+			}
+			page.Approvals = append(page.Approvals, a)
+			page.Keys = append(page.Keys, key)
+		}
+		return rows.Err()
+	})
+	b.Queue(`SELECT count(*), count(*) FILTER (WHERE @id::text IS NOT NULL AND `+before+`)
+		FROM approvals WHERE `+where, args).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&page.Total, &page.Offset)
+	})
+	if err := q.SendBatch(ctx, b).Close(); err != nil {
+		return page, translate(err, "list approvals")
+	}
+	return page, nil
+}
+
+// likeEscaper escapes LIKE's wildcards; backslash is LIKE's default escape.
+var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 
 // ApprovalDecision is a human's decision on an approval, already validated.
 type ApprovalDecision struct {

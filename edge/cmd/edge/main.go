@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	// EDGE_REVIEW_TIMEZONE works in a container without a zoneinfo database.
+	_ "time/tzdata"
 
 	"n8nbrain/edge"
 )
