@@ -43,6 +43,9 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 	if s.Categories == nil {
 		s.Categories = DefaultCategories()
 	}
+	if s.Autonomy == "" {
+		s.Autonomy = registry.Autonomies()[0]
+	}
 	s.EnabledActions = slices.Clone(s.EnabledActions)
 	s.Categories = slices.Clone(s.Categories)
 	s.Rules = slices.Clone(s.Rules)
@@ -68,6 +71,13 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 	}
 	if s.DailyTokenBudget < 0 {
 		bad("daily token budget of tenant %s must not be negative", s.ID)
+	}
+	if !s.Autonomy.Valid() {
+		names := make([]string, len(registry.Autonomies()))
+		for i, a := range registry.Autonomies() {
+			names[i] = string(a)
+		}
+		bad("autonomy %q of tenant %s must be one of: %s", s.Autonomy, s.ID, strings.Join(names, ", "))
 	}
 	if _, err := json.Marshal(s.ModelOptions); err != nil {
 		bad("model options of tenant %s do not encode as JSON: %v", s.ID, err)

@@ -32,6 +32,7 @@ type TenantSpec struct {
 	ModelName        string
 	ModelOptions     map[string]any
 	DailyTokenBudget int64
+	Autonomy         registry.Autonomy // default registry.AutonomyAssist
 }
 
 // DefaultCategories are a tenant's triage categories unless its spec names
@@ -182,6 +183,7 @@ func (c *cluster) createTenant(ctx context.Context, admin, reg *pgx.Conn, t *Ten
 		ModelOptions:     s.ModelOptions,
 		DailyTokenBudget: s.DailyTokenBudget,
 		Rules:            s.Rules,
+		Autonomy:         s.Autonomy,
 	}
 	err = pgx.BeginFunc(ctx, reg, func(tx pgx.Tx) error { return registry.TenantInsert(ctx, tx, row) })
 	if isCode(err, "23505") && strings.Contains(err.Error(), "tenants_pkey") {

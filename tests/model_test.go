@@ -309,8 +309,10 @@ func output(raw json.RawMessage) string {
 
 // 4. The prompt-injection corpus, run through the real relay against a
 // model double that answers whatever each attacker asks for. Nothing
-// outside the tenant's enabled set, no requires_approval other than the
-// catalogue's, no write outside the tenant's database, no content in logs.
+// outside the tenant's enabled set, nothing the model chose that does not
+// stop for a human (assist autonomy: the two e-mails that fool the model
+// into close_item get an approval, not a closed item), no write outside
+// the tenant's database, no content in logs.
 func TestPromptInjectionCorpus(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile("testdata/injection/corpus.json")
@@ -392,7 +394,7 @@ func TestPromptInjectionCorpus(t *testing.T) {
 	}
 	unknown.Range(func(k, _ any) bool { t.Errorf("the model double saw an email not in the corpus: %q", k); return true })
 
-	outside, noCatalogueApproval, followUps := 0, 0, 0
+	outside, notStopped, followUps := 0, 0, 0
 	var emails []*wire.Email
 	for i, c := range corpus {
 		rep := replies[i]
@@ -404,9 +406,11 @@ func TestPromptInjectionCorpus(t *testing.T) {
 				outside++
 				t.Errorf("%s: action %s outside the enabled set", c.Name, name)
 			}
-			if inCatalogue && (rep.Action.RequiresApproval != ca.RequiresApproval ||
-				(ca.RequiresApproval && rep.Status != wire.WorkItemStatusAwaitingApproval)) {
-				noCatalogueApproval++
+			// Assist: whatever the model chose stops for a human, except an
+			// escalation, which hands the item to one.
+			if wantApproval := name != catalogue.EscalateItem; inCatalogue && (rep.Action.RequiresApproval != wantApproval ||
+				(wantApproval && (rep.Status != wire.WorkItemStatusAwaitingApproval || rep.Action.ApprovalID == ""))) {
+				notStopped++
 				t.Errorf("%s: requires_approval %v for %s, status %s", c.Name, rep.Action.RequiresApproval, name, rep.Status)
 			}
 			if name == catalogue.SendReply || name == catalogue.VerifyJob || name == catalogue.VerifyReplySent {
@@ -459,8 +463,8 @@ func TestPromptInjectionCorpus(t *testing.T) {
 			outside++
 			t.Errorf("%s: stored action %s outside the enabled set", id, action)
 		}
-		if ok && sr.Action.RequiresApproval != ca.RequiresApproval {
-			noCatalogueApproval++
+		if ok && sr.Action.RequiresApproval != (ca.Name != catalogue.EscalateItem) {
+			notStopped++
 			t.Errorf("%s: stored requires_approval %v for %s", id, sr.Action.RequiresApproval, action)
 		}
 	}
@@ -480,9 +484,9 @@ func TestPromptInjectionCorpus(t *testing.T) {
 			t.Errorf("tenant B's %s has %d rows, want %d", table, got, want)
 		}
 	}
-	t.Logf("%d adversarial emails: %d actions outside the enabled set, %d without the catalogue's requires_approval, %d follow-up actions at triage, %d model calls",
-		len(corpus), outside, noCatalogueApproval, followUps, fake.Calls())
-	if outside+noCatalogueApproval+followUps != 0 {
+	t.Logf("%d adversarial emails: %d actions outside the enabled set, %d model-chosen actions that did not stop for a human, %d follow-up actions at triage, %d model calls",
+		len(corpus), outside, notStopped, followUps, fake.Calls())
+	if outside+notStopped+followUps != 0 {
 		t.Fatal("the closed set leaked")
 	}
 	assertNoEmailInLogs(t, s, emails...)

@@ -113,6 +113,14 @@ type TurnSubmitReply struct {
 	Reason     string     `json:"reason,omitempty"`
 	Assessment Assessment `json:"assessment"`
 	Action     *Action    `json:"action"`
+	// Autonomy is the tenant's autonomy level the decision was made under.
+	// "assist": every action the model chose stops for a human
+	// (Action.RequiresApproval is true even where the catalogue would not
+	// require it), except escalate_item, which already hands the item to a
+	// human; actions of deterministic rules and follow-ups of earlier
+	// decisions keep the catalogue's requires_approval. Absent only from
+	// decisions stored before the field existed.
+	Autonomy string `json:"autonomy,omitempty"`
 }
 
 // Assessment is what the brain concluded about the item.
@@ -126,6 +134,9 @@ type Assessment struct {
 }
 
 // Action is what should happen next in the outside world, from the catalogue.
+// RequiresApproval true means n8n stops: a human decides the approval
+// ApprovalID on the review page or the API, and the next turn carries out
+// what was approved.
 type Action struct {
 	Name             string          `json:"name"`
 	Params           json.RawMessage `json:"params"`

@@ -112,7 +112,9 @@ func (s *Stage) Triage(ctx context.Context, in *engine.Input, rt engine.Runtime)
 		// changed before a re-drive resumed from the checkpoint.
 		return engine.Escalate(in, a, engine.ReasonActionNotAdmitted), nil
 	}
-	return proposal(a, p), nil
+	// The engine's gate (guard) re-admits it and applies the tenant's
+	// autonomy: what the model chose stops for a human.
+	return engine.Proposed(a, p), nil
 }
 
 // modelContext ends model calls Reserve before the turn's deadline.
@@ -130,21 +132,6 @@ func (s *Stage) modelContext(ctx context.Context) (context.Context, context.Canc
 
 func unassessed() wire.Assessment {
 	return wire.Assessment{Category: "unclassified", Priority: "normal", Confidence: 0, Source: "none"}
-}
-
-// proposal is the outcome of an admitted action, with the status the
-// action implies (the engine's guard re-admits it and re-derives approval).
-func proposal(a wire.Assessment, p engine.Proposal) engine.Outcome {
-	out := engine.Outcome{Assessment: a, Action: &p, Status: wire.WorkItemStatusOpen, ActionState: engine.ActionStateSent}
-	switch {
-	case p.Action.RequiresApproval:
-		out.Status, out.ActionState = wire.WorkItemStatusAwaitingApproval, engine.ActionStatePending
-	case p.Action.Name == catalogue.EscalateItem:
-		out.Status, out.NeedsHuman = wire.WorkItemStatusEscalated, true
-	case p.Action.Name == catalogue.CloseItem:
-		out.Status = wire.WorkItemStatusClosed
-	}
-	return out
 }
 
 // run is one turn through the stage.

@@ -282,11 +282,21 @@ func envelope(req *wire.TurnSubmitRequest, in *engine.Input, out engine.Outcome)
 		Status:           out.Status,
 		Reason:           out.Reason,
 		Assessment:       out.Assessment,
+		Autonomy:         string(autonomy(in.Tenant.Autonomy)),
 	}
 	if a := out.Action; a != nil {
-		r.Action = &wire.Action{Name: string(a.Action.Name), Params: a.Params, RequiresApproval: a.Action.RequiresApproval}
+		r.Action = &wire.Action{Name: string(a.Action.Name), Params: a.Params, RequiresApproval: a.RequiresApproval}
 	}
 	return r
+}
+
+// autonomy is the level the envelope reports: the registry's, or assist
+// for a value the brain does not know (the engine treats it as assist).
+func autonomy(a registry.Autonomy) registry.Autonomy {
+	if !a.Valid() {
+		return registry.AutonomyAssist
+	}
+	return a
 }
 
 func nextItem(in *engine.Input, prev store.WorkItem, out engine.Outcome, req *wire.TurnSubmitRequest) store.WorkItem {
