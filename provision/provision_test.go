@@ -430,6 +430,9 @@ func TestCreateTenantRejectsInvalidSpecAndCreatesNothing(t *testing.T) {
 		{"BadAutonomy", func(s *provision.TenantSpec) {
 			s.Autonomy = "autopilot"
 		}, `autonomy "autopilot" of tenant client-zero must be one of: assist`},
+		{"ReservedCategory", func(s *provision.TenantSpec) {
+			s.Categories = []string{"quote_request", "invoice", "unclassified"}
+		}, `category "unclassified" of tenant client-zero is reserved`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

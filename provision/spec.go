@@ -13,6 +13,7 @@ import (
 
 	"n8nbrain/catalogue"
 	"n8nbrain/registry"
+	"n8nbrain/wire"
 )
 
 // SpecError lists what is wrong with a TenantSpec; nothing was created.
@@ -87,9 +88,12 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 		bad("tenant %s has no categories", s.ID)
 	}
 	for i, c := range s.Categories {
-		if strings.TrimSpace(c) == "" {
+		switch {
+		case strings.TrimSpace(c) == "":
 			bad("category %d of tenant %s is empty", i+1, s.ID)
-		} else if slices.Contains(s.Categories[:i], c) {
+		case c == wire.CategoryUnclassified:
+			bad("category %q of tenant %s is reserved: it marks an item nothing assessed", c, s.ID)
+		case slices.Contains(s.Categories[:i], c):
 			bad("category %q of tenant %s is listed twice", c, s.ID)
 		}
 	}

@@ -423,7 +423,7 @@ func TestPromptInjectionCorpus(t *testing.T) {
 				}
 			}
 		}
-		if !slices.Contains(append(provision.DefaultCategories(), "unclassified"), rep.Assessment.Category) ||
+		if !slices.Contains(append(provision.DefaultCategories(), wire.CategoryUnclassified), rep.Assessment.Category) ||
 			!slices.Contains(catalogue.Priorities(), rep.Assessment.Priority) || rep.Assessment.Confidence < 0 || rep.Assessment.Confidence > 1 {
 			t.Errorf("%s: assessment %+v", c.Name, rep.Assessment)
 		}

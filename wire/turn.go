@@ -123,12 +123,22 @@ type TurnSubmitReply struct {
 	Autonomy string `json:"autonomy,omitempty"`
 }
 
+// CategoryUnclassified is the assessment's category of an item that nothing
+// assessed: no confident rule matched and the model did not answer (no
+// model, model down, over budget, or its answers invalid). It is reserved:
+// no tenant may name a category so. Such an assessment has priority
+// "normal", confidence 0 and source "none", and the item is escalated with
+// the reason.
+const CategoryUnclassified = "unclassified"
+
 // Assessment is what the brain concluded about the item.
 type Assessment struct {
+	// Category is one of the tenant's categories, or CategoryUnclassified.
 	Category   string  `json:"category"`
 	Priority   string  `json:"priority"`
 	Confidence float64 `json:"confidence"`
-	// Source is "rule", "model", or "carried" (unchanged from an earlier turn).
+	// Source is "rule", "model", "carried" (unchanged from an earlier turn),
+	// or "none" (not assessed: see CategoryUnclassified).
 	Source string `json:"source"`
 	Rule   string `json:"rule,omitempty"`
 }

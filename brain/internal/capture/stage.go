@@ -73,7 +73,7 @@ func defaultOptions(step string) map[string]any {
 // test hook simulated a crash) and is left for a re-drive.
 func (s *Stage) Triage(ctx context.Context, in *engine.Input, rt engine.Runtime) (engine.Outcome, error) {
 	if in.Item.Email == nil {
-		return engine.Escalate(in, unassessed(), engine.ReasonNoRuleMatched), nil
+		return engine.Escalate(in, engine.Unassessed(), engine.ReasonNoRuleMatched), nil
 	}
 	r := &run{s: s, in: in, rt: rt, ctx: ctx,
 		log: s.log.With("tenant_id", in.Tenant.ID, "turn_key", subjects.TurnKey(in.Item.ID, in.Turn))}
@@ -87,7 +87,7 @@ func (s *Stage) Triage(ctx context.Context, in *engine.Input, rt engine.Runtime)
 	}
 	if reason != "" {
 		s.usage.escalated(in.Tenant.ID, reason)
-		return engine.Escalate(in, unassessed(), reason), nil
+		return engine.Escalate(in, engine.Unassessed(), reason), nil
 	}
 	a := wire.Assessment{Category: c.Category, Priority: c.Priority, Confidence: c.Confidence, Source: "model"}
 	if c.Action == "" {
@@ -128,10 +128,6 @@ func (s *Stage) modelContext(ctx context.Context) (context.Context, context.Canc
 		reserve = left / 2
 	}
 	return context.WithDeadline(ctx, dl.Add(-reserve))
-}
-
-func unassessed() wire.Assessment {
-	return wire.Assessment{Category: "unclassified", Priority: "normal", Confidence: 0, Source: "none"}
 }
 
 // run is one turn through the stage.

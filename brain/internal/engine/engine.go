@@ -195,7 +195,7 @@ func (e *Engine) triage(ctx context.Context, in *Input, rt Runtime) (Outcome, er
 		return e.fromRule(in, rule), nil
 	}
 	if e.model == nil {
-		return Escalate(in, unassessed(), ReasonNoRuleMatched), nil
+		return Escalate(in, Unassessed(), ReasonNoRuleMatched), nil
 	}
 	out, err := e.model.Triage(ctx, in, rt)
 	if err != nil {
@@ -315,8 +315,11 @@ func Escalate(in *Input, a wire.Assessment, reason string) Outcome {
 	return out
 }
 
-func unassessed() wire.Assessment {
-	return wire.Assessment{Category: "unclassified", Priority: "normal", Confidence: 0, Source: "none"}
+// Unassessed is the assessment of an item nothing assessed (no confident
+// rule, no usable model answer): the reserved category
+// wire.CategoryUnclassified, priority normal, confidence 0, source none.
+func Unassessed() wire.Assessment {
+	return wire.Assessment{Category: wire.CategoryUnclassified, Priority: "normal", Confidence: 0, Source: "none"}
 }
 
 func carried(it Item) wire.Assessment {
