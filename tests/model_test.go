@@ -16,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/ollama/ollama/api"
 
 	"n8nbrain/brain"
 	"n8nbrain/catalogue"
+	"n8nbrain/edge"
 	"n8nbrain/internal/ollamafake"
 	"n8nbrain/provision"
 	"n8nbrain/registry"
@@ -577,6 +579,90 @@ func TestModelBudgetExhausted(t *testing.T) {
 		t.Fatalf("rule with the budget exhausted: %s", mustJSON(t, rep))
 	}
 	assertNoEmailInLogs(t, s, first.Email, second.Email, invoice.Email)
+}
+
+// 6d. A model server reporting absurd token counts (3,000,000,000 prompt
+// tokens) is clamped and stored: one paid call per step, its ledger row, a
+// decision, and no re-drive of the turn.
+func TestModelHugeTokenCountIsClampedNotRepaid(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(modelSpec("huge-a"))
+	fake := ollamafake.New(t, func(req *api.ChatRequest) ollamafake.Reply {
+		if stepOf(req) == "classify" {
+			return ollamafake.Reply{Content: goodClassify, PromptTokens: 3_000_000_000, OutputTokens: 31}
+		}
+		return ollamafake.Reply{Content: goodDraft, PromptTokens: 388, OutputTokens: 57}
+	})
+	s.startModelBrain("r1", fake, nil)
+	ea := s.startEdge(a, func(c *edge.Config) { c.TurnWait = 30 * time.Second })
+	req := pergola("<huge@customer.example>")
+	res := ea.submit(req)
+	if res.Status != http.StatusOK {
+		t.Fatalf("status %d after %d model calls: %s", res.Status, fake.Calls(), res.Body)
+	}
+	rep := res.reply(t)
+	if rep.Status != wire.WorkItemStatusAwaitingApproval || rep.Action == nil || rep.Action.Name != "draft_reply" {
+		t.Fatalf("decision %s", mustJSON(t, rep))
+	}
+	if fake.Calls() != 2 {
+		t.Fatalf("%d model calls, want 2 (one per step, none repeated)", fake.Calls())
+	}
+	rows := ledger(t, s.tenantDB(a), req.WorkItemID)
+	if len(rows) != 2 || rows[0].Step != "classify" || rows[0].PromptTokens != 10_000_000 || rows[1].Step != "draft" || rows[1].PromptTokens != 388 {
+		t.Fatalf("ledger %+v, want the classification clamped to 10,000,000 prompt tokens", rows)
+	}
+	if strings.Contains(s.logs.String(), "will be retried") {
+		t.Fatal("the turn was re-driven")
+	}
+}
+
+// 6e. When the ledger cannot be written after a paid call, the turn is
+// re-driven (the error is ours), but the answer was checkpointed first: the
+// call is not paid again, and its ledger row lands once the database
+// accepts it.
+func TestModelLedgerFailureDoesNotPayTwice(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(modelSpec("ledger-a"))
+	fake := ollamafake.New(t, answerFunc(goodClassify, goodDraft))
+	s.startModelBrain("r1", fake, nil)
+	ea := s.startEdge(a, func(c *edge.Config) { c.TurnWait = 30 * time.Second })
+	db := s.tenantDB(a)
+	asOwner := func(sql string) {
+		t.Helper()
+		owner, app := pgx.Identifier{a.DB.OwnerRole}.Sanitize(), pgx.Identifier{a.DB.AppRole}.Sanitize()
+		for _, q := range []string{`SET ROLE ` + owner, strings.ReplaceAll(sql, "$app", app), `RESET ROLE`} {
+			if _, err := db.Exec(context.Background(), q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+	asOwner(`REVOKE INSERT ON model_calls FROM $app`)
+	req := pergola("<ledger@customer.example>")
+	res := make(chan response, 1)
+	go func() { res <- ea.submit(req) }()
+	eventually(t, 20*time.Second, "the turn to fail on the ledger write", func() bool {
+		return strings.Contains(s.logs.String(), "will be retried")
+	})
+	if fake.Calls() != 1 {
+		t.Fatalf("%d model calls before the ledger failure, want 1", fake.Calls())
+	}
+	asOwner(`GRANT INSERT ON model_calls TO $app`)
+	r := <-res
+	if r.Status != http.StatusOK {
+		t.Fatalf("status %d: %s", r.Status, r.Body)
+	}
+	if rep := r.reply(t); rep.Status != wire.WorkItemStatusAwaitingApproval || rep.Action == nil || rep.Action.Name != "draft_reply" {
+		t.Fatalf("decision %s", mustJSON(t, rep))
+	}
+	reqs := fake.Requests()
+	if c, d := countSteps(reqs, "classify"), countSteps(reqs, "draft"); c != 1 || d != 1 {
+		t.Fatalf("classify asked %d times, draft %d; want once each", c, d)
+	}
+	if got := ledgerString(ledger(t, db, req.WorkItemID)); got != "classify:ok,draft:ok" {
+		t.Fatalf("ledger %s", got)
+	}
 }
 
 // 6b. A model that is down degrades visibly (model_unavailable, the turn

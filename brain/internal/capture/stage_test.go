@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -69,6 +70,7 @@ type fakeRuntime struct {
 	ledger      []engine.ModelCall
 	tokens      int64
 	SaveFunc    func(step string) error
+	RecordFunc  func(engine.ModelCall) error // called with mu held
 }
 
 func (r *fakeRuntime) Load(_ context.Context, step string) ([]byte, bool, error) {
@@ -94,11 +96,23 @@ func (r *fakeRuntime) Save(_ context.Context, step string, out []byte) error {
 	return nil
 }
 
+// RecordModelCall records a call once per call id, as the store does.
 func (r *fakeRuntime) RecordModelCall(_ context.Context, c engine.ModelCall) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.RecordFunc != nil {
+		if err := r.RecordFunc(c); err != nil {
+			return err
+		}
+	}
+	if c.CallID == "" {
+		return errors.New("a ledger row without a call id")
+	}
+	if slices.ContainsFunc(r.ledger, func(l engine.ModelCall) bool { return l.CallID == c.CallID }) {
+		return nil
+	}
 	r.ledger = append(r.ledger, c)
-	r.tokens += int64(c.PromptTokens + c.OutputTokens)
+	r.tokens += c.PromptTokens + c.OutputTokens
 	return nil
 }
 
@@ -377,5 +391,88 @@ func TestUsage(t *testing.T) {
 	u := s.Usage()
 	if len(u) != 1 || u[0].Tenant != "t1" || u[0].Tokens != 360 || u[0].Calls[model.OutcomeOK] != 2 || u[0].Calls[model.OutcomeInvalidOutput] != 1 {
 		t.Fatalf("usage %+v", u)
+	}
+}
+
+// A ledger write that fails after a paid call fails the turn (it will be
+// re-driven), but the answer was checkpointed first: the re-drive pays
+// nothing again and writes the call's row exactly once.
+func TestLedgerFailureDoesNotPayAgain(t *testing.T) {
+	t.Parallel()
+	chat := &fakeChat{ChatFunc: func(step string, _ int, _ model.Request) (model.Response, error) {
+		if step == StepClassify {
+			return answer(goodClassify), nil
+		}
+		return answer(goodDraft), nil
+	}}
+	s := newStage(chat, io.Discard)
+	broken := errors.New("ledger insert failed")
+	fails := 1
+	rt := &fakeRuntime{RecordFunc: func(engine.ModelCall) error {
+		if fails > 0 {
+			fails--
+			return broken
+		}
+		return nil
+	}}
+	if _, err := engine.New(s).Decide(context.Background(), input(), rt); !errors.Is(err, broken) {
+		t.Fatalf("first run: %v, want the ledger failure", err)
+	}
+	out, err := engine.New(s).Decide(context.Background(), input(), rt)
+	if err != nil || out.Action == nil || out.Action.Action.Name != catalogue.DraftReply {
+		t.Fatalf("re-drive: %+v %v", out, err)
+	}
+	if c, d := chat.count(StepClassify), chat.count(StepDraft); c != 1 || d != 1 {
+		t.Fatalf("classify asked %d times, draft %d; want once each", c, d)
+	}
+	if got := strings.Join(outcomes(rt.ledger), ","); got != "classify:ok,draft:ok" {
+		t.Fatalf("ledger %s", got)
+	}
+}
+
+// A turn that stops after an invalid first answer resumes with the repair:
+// the first question is not asked (nor paid for) again, and the repair
+// still names the problems of that first answer.
+func TestRepairResumesAfterACrash(t *testing.T) {
+	t.Parallel()
+	chat := &fakeChat{ChatFunc: func(step string, n int, _ model.Request) (model.Response, error) {
+		switch {
+		case step == StepClassify && n == 1:
+			return answer(`{"category":"lottery_win","priority":"high","confidence":7,"action":"draft_reply","params":{}}`), nil
+		case step == StepClassify:
+			return answer(goodClassify), nil
+		}
+		return answer(goodDraft), nil
+	}}
+	s := newStage(chat, io.Discard)
+	crash := errors.New("simulated crash")
+	crashed := false
+	rt := &fakeRuntime{SaveFunc: func(step string) error {
+		if step == StepClassify+firstAnswer && !crashed {
+			crashed = true
+			return crash
+		}
+		return nil
+	}}
+	if _, err := engine.New(s).Decide(context.Background(), input(), rt); !errors.Is(err, crash) {
+		t.Fatalf("first run: %v", err)
+	}
+	out, err := engine.New(s).Decide(context.Background(), input(), rt)
+	if err != nil || out.Action == nil || out.Action.Action.Name != catalogue.DraftReply {
+		t.Fatalf("re-drive: %+v %v", out, err)
+	}
+	if chat.count(StepClassify) != 2 {
+		t.Fatalf("classify asked %d times, want 2 (the answer and its repair)", chat.count(StepClassify))
+	}
+	repair := chat.requests[1]
+	if len(repair.Messages) != 3 || !strings.Contains(repair.Messages[2].Content, `"category" must be exactly one of`) ||
+		!strings.Contains(repair.Messages[2].Content, `"confidence" must be a number from 0 to 1`) {
+		t.Fatalf("the resumed repair: %+v", repair.Messages)
+	}
+	if got := strings.Join(outcomes(rt.ledger), ","); got != "classify:invalid_output,classify:ok,draft:ok" {
+		t.Fatalf("ledger %s", got)
+	}
+	if rt.ledger[1].Attempt != 2 {
+		t.Fatalf("the repair is attempt %d, want 2", rt.ledger[1].Attempt)
 	}
 }

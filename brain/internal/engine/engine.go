@@ -149,12 +149,15 @@ type Runtime interface {
 
 // ModelCall is one ledger row: counts and timings, never prompt or content.
 type ModelCall struct {
+	// CallID identifies the HTTP call; writing the same call twice (after a
+	// failure, from a checkpoint) records it once.
+	CallID        string
 	Step          string
 	Attempt       int
 	Model         string
 	PromptVersion string
-	PromptTokens  int
-	OutputTokens  int
+	PromptTokens  int64
+	OutputTokens  int64
 	Latency       time.Duration
 	Outcome       string // ok, invalid_output, error, timeout
 }

@@ -117,10 +117,27 @@ const (
 	OutcomeInvalidOutput Outcome = "invalid_output"
 )
 
+// MaxCallTokens bounds each token count a server reports for one call.
+// No model served by Ollama has a context anywhere near ten million
+// tokens, so a larger count is a server's bug, not usage; it is clamped (and
+// logged) so that it can neither overflow the ledger nor any sum of it.
+const MaxCallTokens = 10_000_000
+
+// clampTokens keeps a reported token count within [0, MaxCallTokens].
+func clampTokens(n int) (int64, bool) {
+	switch {
+	case n < 0:
+		return 0, true
+	case n > MaxCallTokens:
+		return MaxCallTokens, true
+	}
+	return int64(n), false
+}
+
 // Call is what one HTTP call cost.
 type Call struct {
-	PromptTokens int // Ollama's prompt_eval_count
-	OutputTokens int // Ollama's eval_count
+	PromptTokens int64 // Ollama's prompt_eval_count, clamped to [0, MaxCallTokens]
+	OutputTokens int64 // Ollama's eval_count, clamped likewise
 	Latency      time.Duration
 	Outcome      Outcome
 }
@@ -174,6 +191,7 @@ func (e *Error) Is(target error) bool {
 // Client calls one Ollama server.
 type Client struct {
 	cfg     Config
+	log     *slog.Logger
 	api     *api.Client
 	breaker *Breaker
 	slots   chan struct{} // MaxConcurrent calls in flight
@@ -200,7 +218,7 @@ func New(cfg Config, log *slog.Logger) (*Client, error) {
 			ExpectContinueTimeout: time.Second,
 		}}
 	}
-	c := &Client{cfg: cfg, api: api.NewClient(u, hc), slots: make(chan struct{}, cfg.MaxConcurrent)}
+	c := &Client{cfg: cfg, log: log, api: api.NewClient(u, hc), slots: make(chan struct{}, cfg.MaxConcurrent)}
 	c.breaker = NewBreaker(cfg.Breaker, func(from, to BreakerState) {
 		lvl := slog.LevelInfo
 		if to == BreakerOpen {
@@ -309,7 +327,14 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 		err = errors.New("empty response")
 	}
 	if err == nil {
-		call.Outcome, call.PromptTokens, call.OutputTokens = OutcomeOK, max(got.PromptEvalCount, 0), max(got.EvalCount, 0)
+		var pc, oc bool
+		call.Outcome = OutcomeOK
+		call.PromptTokens, pc = clampTokens(got.PromptEvalCount)
+		call.OutputTokens, oc = clampTokens(got.EvalCount)
+		if pc || oc {
+			c.log.Warn("model server reported an implausible token count; clamped",
+				"prompt_tokens", got.PromptEvalCount, "output_tokens", got.EvalCount, "max", MaxCallTokens)
+		}
 		return got, call, ResultSuccess, false, nil
 	}
 	call.Outcome = OutcomeError

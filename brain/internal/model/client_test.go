@@ -130,7 +130,9 @@ func TestChatTimeout(t *testing.T) {
 		t.Fatalf("breaker %s, want open", c.BreakerState())
 	}
 	resp, err = c.Chat(context.Background(), chatReq)
-	if !errors.Is(err, ErrBreakerOpen) || !errors.Is(err, ErrUnavailable) || len(resp.Calls) != 0 || f.Calls() != 1 {
+	// The server saw at most the first call (on a loaded machine the client
+	// can give up before the handler reads it); the refused one made none.
+	if !errors.Is(err, ErrBreakerOpen) || !errors.Is(err, ErrUnavailable) || len(resp.Calls) != 0 || f.Calls() > 1 {
 		t.Fatalf("with the breaker open: %v, %d calls made, server saw %d", err, len(resp.Calls), f.Calls())
 	}
 }
@@ -218,5 +220,21 @@ func TestChatConcurrencyBound(t *testing.T) {
 	// The slot is free again.
 	if _, err := c.Chat(context.Background(), chatReq); err != nil || f.Calls() != 2 {
 		t.Fatalf("third call: %v, server saw %d", err, f.Calls())
+	}
+}
+
+// Token counts outside [0, MaxCallTokens] are clamped: a server's bug never
+// reaches the ledger as an overflowing number.
+func TestChatClampsTokenCounts(t *testing.T) {
+	t.Parallel()
+	f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply {
+		return ollamafake.Reply{Content: "{}", PromptTokens: 3_000_000_000, OutputTokens: -5}
+	})
+	resp, err := newClient(t, f.URL(), nil).Chat(context.Background(), chatReq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := resp.Calls[0]; c.PromptTokens != MaxCallTokens || c.OutputTokens != 0 {
+		t.Fatalf("call %+v, want %d prompt and 0 output tokens", c, MaxCallTokens)
 	}
 }

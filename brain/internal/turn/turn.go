@@ -367,7 +367,7 @@ func (r *runtime) Save(ctx context.Context, step string, output []byte) error {
 func (r *runtime) RecordModelCall(ctx context.Context, c engine.ModelCall) error {
 	return store.ModelCallInsert(ctx, r.q, store.ModelCall{TenantID: string(r.tenant), WorkItemID: r.workItemID,
 		Turn: r.turn, Step: c.Step, Attempt: c.Attempt, Model: c.Model, PromptVersion: c.PromptVersion,
-		PromptTokens: c.PromptTokens, OutputTokens: c.OutputTokens, Latency: c.Latency, Outcome: c.Outcome})
+		PromptTokens: c.PromptTokens, OutputTokens: c.OutputTokens, Latency: c.Latency, Outcome: c.Outcome, CallID: c.CallID})
 }
 
 func (r *runtime) TokensToday(ctx context.Context) (int64, error) {
