@@ -433,6 +433,15 @@ func TestCreateTenantRejectsInvalidSpecAndCreatesNothing(t *testing.T) {
 		{"ReservedCategory", func(s *provision.TenantSpec) {
 			s.Categories = []string{"quote_request", "invoice", "unclassified"}
 		}, `category "unclassified" of tenant client-zero is reserved`},
+		{"CategoryTooLong", func(s *provision.TenantSpec) {
+			s.Categories = []string{"quote_request", "invoice", strings.Repeat("c", 65)}
+		}, `is longer than 64 bytes`},
+		{"TooManyCategories", func(s *provision.TenantSpec) {
+			s.Categories = provision.DefaultCategories()
+			for i := range 40 {
+				s.Categories = append(s.Categories, fmt.Sprintf("category_%d", i))
+			}
+		}, `has 45 categories, at most 32 are allowed`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/nats-io/nkeys"
 
@@ -25,6 +26,13 @@ type SpecError struct {
 func (e *SpecError) Error() string { return strings.Join(e.Problems, "; ") }
 
 var tenantIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,47}$`)
+
+// Bounds of a tenant's categories: each is shown to the model in every
+// classification prompt and schema.
+const (
+	MaxCategories    = 32
+	MaxCategoryBytes = 64
+)
 
 // validateSpec applies the defaults and checks the spec against the pinned
 // catalogue version, returning it with rule params in canonical form.
@@ -84,13 +92,22 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 		bad("model options of tenant %s do not encode as JSON: %v", s.ID, err)
 	}
 
-	if len(s.Categories) == 0 {
+	// Categories are shown to the model in full (the answer must name one
+	// exactly), so they are bounded here, where they are written.
+	switch n := len(s.Categories); {
+	case n == 0:
 		bad("tenant %s has no categories", s.ID)
+	case n > MaxCategories:
+		bad("tenant %s has %d categories, at most %d are allowed", s.ID, n, MaxCategories)
 	}
 	for i, c := range s.Categories {
 		switch {
 		case strings.TrimSpace(c) == "":
 			bad("category %d of tenant %s is empty", i+1, s.ID)
+		case len(c) > MaxCategoryBytes:
+			bad("category %d of tenant %s is longer than %d bytes", i+1, s.ID, MaxCategoryBytes)
+		case strings.ContainsFunc(c, unicode.IsControl):
+			bad("category %d of tenant %s contains control characters", i+1, s.ID)
 		case c == wire.CategoryUnclassified:
 			bad("category %q of tenant %s is reserved: it marks an item nothing assessed", c, s.ID)
 		case slices.Contains(s.Categories[:i], c):

@@ -67,12 +67,14 @@ func attemptOf(req *api.ChatRequest) int {
 // promptEmail is the email as the model was shown it: the JSON data
 // between the <email> delimiters of the user message.
 type promptEmail struct {
-	From          string   `json:"from"`
-	To            []string `json:"to"`
-	Cc            []string `json:"cc"`
-	Subject       string   `json:"subject"`
-	Body          string   `json:"body"`
-	BodyTruncated bool     `json:"body_truncated"`
+	From      string   `json:"from"`
+	To        []string `json:"to"`
+	ToOmitted int      `json:"to_omitted"`
+	Cc        []string `json:"cc"`
+	CcOmitted int      `json:"cc_omitted"`
+	Subject   string   `json:"subject"`
+	Body      string   `json:"body"`
+	Truncated []string `json:"truncated"`
 }
 
 func emailOf(req *api.ChatRequest) (promptEmail, bool) {

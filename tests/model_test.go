@@ -93,8 +93,8 @@ func TestModelAssessesAndDrafts(t *testing.T) {
 	db := s.tenantDB(a)
 	rows := ledger(t, db, req.WorkItemID)
 	wantRows := []ledgerRow{
-		{Step: "classify", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "classify-v1", PromptTokens: 412, OutputTokens: 31, Outcome: "ok"},
-		{Step: "draft", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "draft-v1", PromptTokens: 388, OutputTokens: 57, Outcome: "ok"},
+		{Step: "classify", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "classify-v2", PromptTokens: 412, OutputTokens: 31, Outcome: "ok"},
+		{Step: "draft", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "draft-v2", PromptTokens: 388, OutputTokens: 57, Outcome: "ok"},
 	}
 	if !slices.Equal(rows, wantRows) {
 		t.Fatalf("ledger %+v, want %+v", rows, wantRows)
@@ -542,15 +542,24 @@ func TestModelCheckpointSurvivesACrash(t *testing.T) {
 	assertNoEmailInLogs(t, s, req.Email)
 }
 
-// 6a. An exhausted daily budget degrades visibly: the item is escalated
-// with budget_exhausted, no call is made, and rules still decide.
-func TestModelBudgetExhausted(t *testing.T) {
+// 6a. The budget must cover a call before it is made: the prompt is
+// estimated and the call refused with budget_exhausted when what is left of
+// the day's budget cannot cover the estimate plus the output cap. Items are
+// escalated visibly, and rules still decide.
+func TestModelBudgetCoversTheCallBeforeItIsMade(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
 	sp := modelSpec("budget-a")
-	sp.DailyTokenBudget = 300 // one classification (443 tokens) exhausts it
+	sp.DailyTokenBudget = 4000
 	a := s.tenant(sp)
-	fake := ollamafake.New(t, answerFunc(goodClassify, goodDraft))
+	// The classification costs 3,900 tokens: 100 are left after it, which
+	// cover no call at all.
+	fake := ollamafake.New(t, func(req *api.ChatRequest) ollamafake.Reply {
+		if stepOf(req) == "classify" {
+			return ollamafake.Reply{Content: goodClassify, PromptTokens: 3850, OutputTokens: 50}
+		}
+		return ollamafake.Reply{Content: goodDraft, PromptTokens: 388, OutputTokens: 57}
+	})
 	s.startModelBrain("r1", fake, nil)
 	ea := s.startEdge(a, nil)
 	db := s.tenantDB(a)
@@ -559,18 +568,21 @@ func TestModelBudgetExhausted(t *testing.T) {
 	rep := ea.submit(first).reply(t)
 	if rep.Status != wire.WorkItemStatusEscalated || rep.Reason != "budget_exhausted" || rep.Assessment.Source != "model" ||
 		rep.Action == nil || rep.Action.Name != "escalate_item" {
-		t.Fatalf("the draft over budget: %s", mustJSON(t, rep))
+		t.Fatalf("the draft with 100 tokens left: %s", mustJSON(t, rep))
 	}
 	second := pergola("<budget-2@customer.example>")
 	rep = ea.submit(second).reply(t)
 	if rep.Status != wire.WorkItemStatusEscalated || rep.Reason != "budget_exhausted" || rep.Assessment.Source != "none" {
-		t.Fatalf("the classification over budget: %s", mustJSON(t, rep))
+		t.Fatalf("the classification with 100 tokens left: %s", mustJSON(t, rep))
 	}
 	if fake.Calls() != 1 {
-		t.Fatalf("%d model calls, want 1", fake.Calls())
+		t.Fatalf("%d model calls, want 1: no call is made that the budget cannot cover", fake.Calls())
 	}
 	if got := ledgerString(ledger(t, db, first.WorkItemID)) + "|" + ledgerString(ledger(t, db, second.WorkItemID)); got != "classify:ok|" {
 		t.Fatalf("ledger %s", got)
+	}
+	if n := count(t, db, `SELECT sum(prompt_tokens + output_tokens) FROM model_calls`); n != 3900 {
+		t.Fatalf("%d tokens used, want 3900 of the 4000", n)
 	}
 	// Rules do not need the model or the budget.
 	invoice := &wire.TurnSubmitRequest{WorkItemID: "<budget-invoice@x>", Turn: 1, Email: &wire.Email{From: "acc@supplier.example",
@@ -579,6 +591,70 @@ func TestModelBudgetExhausted(t *testing.T) {
 		t.Fatalf("rule with the budget exhausted: %s", mustJSON(t, rep))
 	}
 	assertNoEmailInLogs(t, s, first.Email, second.Email, invoice.Email)
+}
+
+// 6c. Every field of the e-mail is bounded in the prompt: huge To and Cc
+// lists, a long From and subject cost a bounded prompt, and the model is
+// told how many recipients were left out.
+func TestModelPromptFieldsAreBounded(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(modelSpec("bound-a"))
+	fake := ollamafake.New(t, answerFunc(goodClassify, goodDraft))
+	s.startModelBrain("r1", fake, nil)
+	ea := s.startEdge(a, nil)
+	req := pergola("<bound@customer.example>")
+	long := func(i int) string {
+		return fmt.Sprintf("Person %03d %s <p%03d@customer.example>", i, strings.Repeat("Long-Name ", 95), i)
+	}
+	for i := range 40 {
+		req.Email.To = append(req.Email.To, long(i))
+	}
+	for i := range 150 {
+		req.Email.Cc = append(req.Email.Cc, long(100+i))
+	}
+	req.Email.From = "Sam " + strings.Repeat("Rivers ", 65) + "<sam@customer.example>"
+	req.Email.Subject = "Quote wanted " + strings.Repeat("cedar pergola ", 140)
+	raw, _ := json.Marshal(req)
+	if len(raw) < 180_000 {
+		t.Fatalf("the test e-mail is only %d bytes", len(raw))
+	}
+	rep := ea.submit(req).reply(t)
+	if rep.Action == nil || rep.Action.Name != "draft_reply" {
+		t.Fatalf("decision %s", mustJSON(t, rep))
+	}
+	reqs := fake.Requests()
+	if len(reqs) != 2 {
+		t.Fatalf("%d model calls, want 2", len(reqs))
+	}
+	for _, r := range reqs {
+		size := 0
+		for _, m := range r.Messages {
+			size += len(m.Content)
+		}
+		if size > 24_000 {
+			t.Fatalf("a %s prompt of %d bytes for a %d-byte e-mail", stepOf(&r), size, len(raw))
+		}
+		e, ok := emailOf(&r)
+		if !ok {
+			t.Fatalf("no e-mail data in the %s prompt", stepOf(&r))
+		}
+		if len(e.To) == 0 || len(e.Cc) == 0 || len(e.To)+e.ToOmitted != 40 || len(e.Cc)+e.CcOmitted != 150 ||
+			!slices.Contains(e.Truncated, "from") || !slices.Contains(e.Truncated, "subject") || !slices.Contains(e.Truncated, "cc") {
+			t.Fatalf("prompt e-mail: %d to (+%d), %d cc (+%d), truncated %v", len(e.To), e.ToOmitted, len(e.Cc), e.CcOmitted, e.Truncated)
+		}
+		for _, v := range append(append([]string{e.From, e.Subject}, e.To...), e.Cc...) {
+			if n := len([]rune(v)); n > 320 {
+				t.Fatalf("a field of %d characters in the prompt", n)
+			}
+		}
+	}
+	for _, row := range ledger(t, s.tenantDB(a), req.WorkItemID) {
+		if row.PromptTokens > 8000 {
+			t.Fatalf("ledger row %+v: the prompt was not bounded", row)
+		}
+	}
+	assertNoEmailInLogs(t, s, req.Email)
 }
 
 // 6d. A model server reporting absurd token counts (3,000,000,000 prompt

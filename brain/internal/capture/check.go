@@ -56,7 +56,7 @@ func checkClassification(content string, t *registry.Tenant, v catalogue.Version
 	}
 	add := func(code, format string, args ...any) { ps = append(ps, problem{code, fmt.Sprintf(format, args...)}) }
 	var c classification
-	cats := t.Categories
+	cats := promptCategories(t)
 	switch raw, ok := fields["category"]; {
 	case !ok:
 		add("missing_category", `"category" is missing.`)

@@ -227,8 +227,8 @@ func TestLongBodyIsCutAndSaid(t *testing.T) {
 	if err := json.Unmarshal([]byte(emailJSON(e)), &got); err != nil {
 		t.Fatal(err)
 	}
-	if !got.BodyTruncated || len([]rune(got.Body)) != maxPromptBodyRunes {
-		t.Fatalf("truncated %v, %d runes", got.BodyTruncated, len([]rune(got.Body)))
+	if !slices.Equal(got.Truncated, []string{"body"}) || len([]rune(got.Body)) != maxPromptBodyRunes {
+		t.Fatalf("truncated %v, %d runes", got.Truncated, len([]rune(got.Body)))
 	}
 }
 

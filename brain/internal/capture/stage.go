@@ -286,7 +286,7 @@ func (r *run) step(step, version, system, user string, schema json.RawMessage, c
 		if repair != nil {
 			req.Messages = append(slices.Clip(question), model.Message{Role: model.RoleUser, Content: repairMessage(repair)})
 		}
-		if reason, err := r.budget(step); reason != "" || err != nil {
+		if reason, err := r.budget(step, req); reason != "" || err != nil {
 			return nil, reason, err
 		}
 		resp, err := r.s.chat.Chat(r.mctx, req)
@@ -373,9 +373,10 @@ func (r *run) recordAll(step string, calls []engine.ModelCall) error {
 	return nil
 }
 
-// budget says whether the tenant's daily token budget allows another call.
-// A budget of 0 means unlimited.
-func (r *run) budget(step string) (string, error) {
+// budget says whether what is left of the tenant's daily token budget
+// covers the call: its estimated prompt (estimateTokens) plus the most it
+// may answer (outputAllowance). A budget of 0 means unlimited.
+func (r *run) budget(step string, req model.Request) (string, error) {
 	limit := r.in.Tenant.DailyTokenBudget
 	if limit <= 0 {
 		return "", nil
@@ -384,8 +385,10 @@ func (r *run) budget(step string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("model tokens used today: %w", err)
 	}
-	if used >= limit {
-		r.log.Warn("daily model token budget exhausted; item escalated", "step", step, "used", used, "budget", limit)
+	need := estimateTokens(req.Messages) + outputAllowance(req.Options)
+	if used+need > limit {
+		r.log.Warn("daily model token budget cannot cover the call; item escalated", "step", step,
+			"used", used, "needed", need, "budget", limit)
 		return engine.ReasonBudgetExhausted, nil
 	}
 	return "", nil

@@ -205,9 +205,6 @@ func TestTriage(t *testing.T) {
 			return model.Response{Calls: []model.Call{{Outcome: model.OutcomeTimeout}}}, &model.Error{Kind: model.KindTimeout, Attempts: 1}
 		}, 0, 0, wire.WorkItemStatusEscalated, engine.ReasonModelUnavailable, catalogue.EscalateItem, []string{"classify:ok", "draft:timeout"}},
 		{"BudgetExhaustedBeforeClassify", nil, 1000, 1000, wire.WorkItemStatusEscalated, engine.ReasonBudgetExhausted, catalogue.EscalateItem, nil},
-		{"BudgetExhaustedBeforeDraft", func(step string, n int) (model.Response, error) {
-			return answer(goodClassify), nil
-		}, 1000, 900, wire.WorkItemStatusEscalated, engine.ReasonBudgetExhausted, catalogue.EscalateItem, []string{"classify:ok"}},
 		{"BudgetZeroIsUnlimited", func(step string, n int) (model.Response, error) {
 			if step == StepClassify {
 				return answer(goodClassify), nil
@@ -391,6 +388,51 @@ func TestUsage(t *testing.T) {
 	u := s.Usage()
 	if len(u) != 1 || u[0].Tenant != "t1" || u[0].Tokens != 360 || u[0].Calls[model.OutcomeOK] != 2 || u[0].Calls[model.OutcomeInvalidOutput] != 1 {
 		t.Fatalf("usage %+v", u)
+	}
+}
+
+// The budget must cover a call before it is made: its estimated prompt plus
+// its output cap. A budget exactly that large makes the call; one token
+// less refuses it with budget_exhausted, and nothing is paid.
+func TestBudgetCoversTheCallBeforeItIsMade(t *testing.T) {
+	t.Parallel()
+	in := input()
+	acts := choices(in.Tenant, 1)
+	system, user := classifyMessages(in.Tenant, in.Item.Email, acts)
+	need := estimateTokens([]model.Message{{Role: model.RoleSystem, Content: system}, {Role: model.RoleUser, Content: user}}) + 512
+	if need < int64(len(system)+len(user))/3 {
+		t.Fatalf("estimate %d for a %d-byte prompt is below a token per 3 bytes", need, len(system)+len(user))
+	}
+	for _, tc := range []struct {
+		name   string
+		used   int64
+		calls  int
+		reason string
+	}{
+		{"Covered", 1000, 1, engine.ReasonBudgetExhausted}, // classified; the draft is not covered
+		{"OneTokenShort", 1001, 0, engine.ReasonBudgetExhausted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			chat := &fakeChat{ChatFunc: func(string, int, model.Request) (model.Response, error) { return answer(goodClassify), nil }}
+			in := input()
+			in.Tenant.DailyTokenBudget = 1000 + need
+			rt := &fakeRuntime{tokens: tc.used}
+			out, err := engine.New(newStage(chat, io.Discard)).Decide(context.Background(), in, rt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(chat.requests) != tc.calls || out.Reason != tc.reason {
+				t.Fatalf("%d calls, reason %q; want %d, %q", len(chat.requests), out.Reason, tc.calls, tc.reason)
+			}
+		})
+	}
+	// An unbounded output (num_predict -1) is charged as the context.
+	if got := outputAllowance(map[string]any{"num_predict": float64(-1), "num_ctx": float64(8192)}); got != 8192 {
+		t.Fatalf("allowance %d, want num_ctx", got)
+	}
+	if got := outputAllowance(map[string]any{"num_predict": float64(-2)}); got != noPredictLimit {
+		t.Fatalf("allowance %d, want %d", got, noPredictLimit)
 	}
 }
 
