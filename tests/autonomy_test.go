@@ -65,7 +65,7 @@ func TestAutonomyAssistModelActionsStopForAHuman(t *testing.T) {
 		}
 		return ollamafake.Reply{Content: autonomyChoices[m[1]]}
 	})
-	s.startModelBrain("r1", fake, nil)
+	s.startModelBrain("r1", fake, breakerOff) // three items get invalid answers on purpose
 	ea := s.startEdge(a, nil)
 	db := s.tenantDB(a)
 	approvals := func(id string) int {

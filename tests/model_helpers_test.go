@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -42,6 +43,12 @@ func (s *system) startModelBrain(replica string, fake *ollamafake.Server, mutate
 	})
 	return stop, "http://" + ln.Addr().String()
 }
+
+// breakerOff keeps the circuit breaker closed whatever the model answers:
+// for tests that feed a model double many invalid answers on purpose (every
+// invalid answer counts against the breaker, TestModelGarbageOpensTheBreaker)
+// and check what becomes of each item.
+func breakerOff(c *brain.Config) { c.Model.BreakerMinCalls = math.MaxInt32 }
 
 // stepOf tells the fake which step a chat is: only the classification
 // schema has a category.

@@ -232,7 +232,7 @@ func TestMalformedModelOutput(t *testing.T) {
 		}
 		return ollamafake.Reply{Content: outs[min(attemptOf(req), len(outs))-1]}
 	})
-	s.startModelBrain("r1", fake, nil)
+	s.startModelBrain("r1", fake, breakerOff)
 	ea := s.startEdge(a, nil)
 	db := s.tenantDB(a)
 	var emails []*wire.Email
@@ -359,7 +359,7 @@ func TestPromptInjectionCorpus(t *testing.T) {
 		}
 		return ollamafake.Reply{Content: output(c.Classify)}
 	})
-	s.startModelBrain("r1", fake, nil)
+	s.startModelBrain("r1", fake, breakerOff)
 	ea := s.startEdge(a, nil)
 	dbB := s.tenantDB(b)
 	migrationsB := count(t, dbB, `SELECT count(*) FROM schema_migrations`)
@@ -741,6 +741,36 @@ func TestModelLedgerFailureDoesNotPayTwice(t *testing.T) {
 	}
 }
 
+// 6f. A server that answers 200 with garbage is failing: invalid output
+// counts against the circuit breaker, which opens and stops the calls.
+func TestModelGarbageOpensTheBreaker(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(modelSpec("garbage-a"))
+	fake := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply {
+		return ollamafake.Reply{Content: "\x00\x13 lorem ipsum, not an answer at all"}
+	})
+	_, ops := s.startModelBrain("r1", fake, func(c *brain.Config) {
+		c.Model.BreakerMinCalls = 4
+		c.Model.BreakerWindow = time.Minute
+		c.Model.BreakerCoolDown = time.Minute
+	})
+	ea := s.startEdge(a, nil)
+	for _, id := range []string{"<garbage-1@x>", "<garbage-2@x>"} {
+		rep := ea.submit(pergola(id)).reply(t)
+		if rep.Status != wire.WorkItemStatusEscalated || rep.Reason != "model_output_invalid" {
+			t.Fatalf("%s: %s", id, mustJSON(t, rep))
+		}
+	}
+	if fake.Calls() != 4 || labelled(t, ops, "brain_model_breaker_open") != 1 {
+		t.Fatalf("%d calls, breaker_open %d: four invalid answers must open the breaker", fake.Calls(), labelled(t, ops, "brain_model_breaker_open"))
+	}
+	rep := ea.submit(pergola("<garbage-3@x>")).reply(t)
+	if rep.Status != wire.WorkItemStatusEscalated || rep.Reason != "model_unavailable" || fake.Calls() != 4 {
+		t.Fatalf("with the breaker open: %s, %d calls", mustJSON(t, rep), fake.Calls())
+	}
+}
+
 // 6b. A model that is down degrades visibly (model_unavailable, the turn
 // answered), the breaker opens and stops calling it, and closes again once
 // the model recovers; a model that hangs times out into the same reason.
@@ -757,7 +787,7 @@ func TestModelDownDegradesAndRecovers(t *testing.T) {
 		c.Model.Timeout = 300 * time.Millisecond
 		c.Model.BreakerMinCalls = 4
 		c.Model.BreakerWindow = time.Minute
-		c.Model.BreakerCoolDown = time.Second
+		c.Model.BreakerCoolDown = 3 * time.Second // long enough that a loaded machine checks "open" before it ends
 	})
 	ea := s.startEdge(a, nil)
 	db := s.tenantDB(a)
@@ -793,7 +823,7 @@ func TestModelDownDegradesAndRecovers(t *testing.T) {
 	fake.SetChatFunc(answerFunc(goodClassify, goodDraft))
 	n := 0
 	var rep wire.TurnSubmitReply
-	eventually(t, 10*time.Second, "the breaker to close after the model recovered", func() bool {
+	eventually(t, 20*time.Second, "the breaker to close after the model recovered", func() bool {
 		n++
 		rep = submit(fmt.Sprintf("<recover-%d@x>", n))
 		return rep.Assessment.Source == "model"

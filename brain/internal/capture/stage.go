@@ -289,17 +289,15 @@ func (r *run) step(step, version, system, user string, schema json.RawMessage, c
 		if reason, err := r.budget(step, req); reason != "" || err != nil {
 			return nil, reason, err
 		}
-		resp, err := r.s.chat.Chat(r.mctx, req)
 		var ps []problem
-		if err == nil {
-			ps = check(resp.Content)
-			if resp.DoneReason == "length" {
+		req.Check = func(content, doneReason string) bool {
+			ps = check(content)
+			if doneReason == "length" {
 				ps = append(ps, problem{"truncated", "The answer was cut off at the output limit: keep it shorter."})
 			}
-			if len(ps) > 0 && len(resp.Calls) > 0 {
-				resp.Calls[len(resp.Calls)-1].Outcome = model.OutcomeInvalidOutput
-			}
+			return len(ps) == 0
 		}
+		resp, err := r.s.chat.Chat(r.mctx, req)
 		calls := r.calls(step, version, name, resp.Calls, &attempts)
 		if err != nil && r.ctx.Err() != nil {
 			// The turn itself ended: nothing is concluded and a re-drive

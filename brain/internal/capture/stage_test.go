@@ -43,7 +43,13 @@ func (f *fakeChat) Chat(_ context.Context, req model.Request) (model.Response, e
 		}
 	}
 	f.mu.Unlock()
-	return f.ChatFunc(step, n, req)
+	resp, err := f.ChatFunc(step, n, req)
+	// As model.Client does: the caller's check judges the answer, and a
+	// refused one is recorded invalid_output.
+	if err == nil && req.Check != nil && !req.Check(resp.Content, resp.DoneReason) && len(resp.Calls) > 0 {
+		resp.Calls[len(resp.Calls)-1].Outcome = model.OutcomeInvalidOutput
+	}
+	return resp, err
 }
 
 func (f *fakeChat) count(step string) int {

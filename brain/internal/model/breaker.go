@@ -61,7 +61,8 @@ const (
 	// ResultSuccess: the server answered usably (a 4xx too: it is reachable
 	// and refused this request, not every request).
 	ResultSuccess Result = iota
-	// ResultFailure: transport error, timeout or 5xx.
+	// ResultFailure: transport error, timeout, 5xx, or an answer the caller
+	// could not use (a server answering 200 with garbage is failing too).
 	ResultFailure
 	// ResultIgnore: the caller gave up (its context ended); says nothing about the server.
 	ResultIgnore

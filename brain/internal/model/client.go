@@ -103,6 +103,13 @@ type Request struct {
 	// output: the server constrains generation to it).
 	Format  json.RawMessage
 	Options map[string]any
+	// Check, when set, tells whether an answer is usable (content and
+	// Ollama's done_reason). An unusable answer is recorded invalid_output
+	// and, unless it was only cut off at num_predict (done_reason "length"),
+	// counts as a failure for the circuit breaker: a server answering 200
+	// with output its caller cannot use is failing too. It is called once
+	// per answer, before Chat returns.
+	Check func(content, doneReason string) bool
 }
 
 // Outcome of one call, as the ledger records it.
@@ -112,8 +119,8 @@ const (
 	OutcomeOK      Outcome = "ok"
 	OutcomeError   Outcome = "error"
 	OutcomeTimeout Outcome = "timeout"
-	// OutcomeInvalidOutput is the caller's verdict on an answer that came
-	// back fine but does not validate; the client never returns it.
+	// OutcomeInvalidOutput: the call was answered, but Request.Check
+	// refused the answer.
 	OutcomeInvalidOutput Outcome = "invalid_output"
 )
 
@@ -253,7 +260,8 @@ func (c *Client) Ping(ctx context.Context) (string, error) {
 
 // Chat sends one chat (stream off) and returns the answer. Transport errors
 // and 5xx are retried once; timeouts are not (a server too slow to answer
-// in time would only be asked to do the same work again), nor are 4xx.
+// in time would only be asked to do the same work again), nor are 4xx, nor
+// answers that req.Check refuses (a repair is the caller's to ask).
 // A failure is an *Error (errors.Is ErrUnavailable) unless ctx itself ended,
 // which returns ctx's error. The Response lists the calls made either way.
 func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
@@ -270,6 +278,16 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 			return resp, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
 		}
 		got, call, res, retry, err := c.once(ctx, req)
+		if err == nil && req.Check != nil && !req.Check(got.Message.Content, got.DoneReason) {
+			call.Outcome = OutcomeInvalidOutput
+			// An answer cut off at num_predict is the server doing as it was
+			// told (an e-mail can ask for a reply longer than the cap); any
+			// other unusable answer from a server that is meant to follow
+			// the JSON schema means the server or model is broken.
+			if got.DoneReason != "length" {
+				res = ResultFailure
+			}
+		}
 		done(res)
 		<-c.slots
 		resp.Calls = append(resp.Calls, call)

@@ -223,6 +223,55 @@ func TestChatConcurrencyBound(t *testing.T) {
 	}
 }
 
+// A server answering 200 with output the caller cannot use is failing: the
+// call is recorded invalid_output, is not retried, and counts against the
+// breaker, which opens.
+func TestChatUnusableAnswersOpenTheBreaker(t *testing.T) {
+	t.Parallel()
+	f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply { return ollamafake.Reply{Content: "garbage"} })
+	c := newClient(t, f.URL(), func(c *Config) { c.Breaker = BreakerConfig{MinCalls: 3, CoolDown: time.Hour} })
+	req := chatReq
+	checked := 0
+	req.Check = func(content, doneReason string) bool {
+		checked++
+		return content != "garbage" && doneReason == "stop"
+	}
+	for i := range 3 {
+		resp, err := c.Chat(context.Background(), req)
+		if err != nil || resp.Content != "garbage" || len(resp.Calls) != 1 || resp.Calls[0].Outcome != OutcomeInvalidOutput {
+			t.Fatalf("call %d: %+v %v", i, resp, err)
+		}
+	}
+	if checked != 3 || c.BreakerState() != BreakerOpen {
+		t.Fatalf("checked %d answers, breaker %s; want 3 and open", checked, c.BreakerState())
+	}
+	if _, err := c.Chat(context.Background(), req); !errors.Is(err, ErrBreakerOpen) || f.Calls() != 3 {
+		t.Fatalf("with the breaker open: %v, server saw %d", err, f.Calls())
+	}
+}
+
+// An answer cut off at num_predict is unusable but not the server's fault
+// (an e-mail can ask for an endless reply): it does not count against the
+// breaker.
+func TestChatCutOffAnswersDoNotOpenTheBreaker(t *testing.T) {
+	t.Parallel()
+	f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply {
+		return ollamafake.Reply{Content: `{"subject":"Re","body":"Dear customer, as you asked, here are all`, DoneReason: "length"}
+	})
+	c := newClient(t, f.URL(), func(c *Config) { c.Breaker = BreakerConfig{MinCalls: 1, CoolDown: time.Hour} })
+	req := chatReq
+	req.Check = func(_, doneReason string) bool { return doneReason == "stop" }
+	for i := range 3 {
+		resp, err := c.Chat(context.Background(), req)
+		if err != nil || resp.Calls[0].Outcome != OutcomeInvalidOutput {
+			t.Fatalf("call %d: %+v %v", i, resp, err)
+		}
+	}
+	if c.BreakerState() != BreakerClosed {
+		t.Fatalf("breaker %s after cut-off answers, want closed", c.BreakerState())
+	}
+}
+
 // Token counts outside [0, MaxCallTokens] are clamped: a server's bug never
 // reaches the ledger as an overflowing number.
 func TestChatClampsTokenCounts(t *testing.T) {
