@@ -15,6 +15,7 @@ require (
 	github.com/nats-io/nkeys v0.4.17
 	github.com/ollama/ollama v0.17.4
 	github.com/prometheus/client_golang v1.25.0
+	github.com/sony/gobreaker/v2 v2.4.0
 	golang.org/x/crypto v0.58.0
 )
 

@@ -352,6 +352,10 @@ func TestRegistryHoldsThePasswordSealed(t *testing.T) {
 	if _, err := ops.Sealer.Open("tenant-b", sealed); !errors.Is(err, registry.ErrUnseal) {
 		t.Fatalf("open with another tenant id: %v, want ErrUnseal", err)
 	}
+	// Autonomy defaults to assist, the only level so far.
+	if row.Autonomy != registry.AutonomyAssist {
+		t.Fatalf("autonomy %q, want assist", row.Autonomy)
+	}
 	// The row is enough to connect, as the brain will.
 	if row.DB.Name != a.DBName || row.DB.User != a.AppRole {
 		t.Fatalf("registry row names %s/%s, want %s/%s", row.DB.Name, row.DB.User, a.DBName, a.AppRole)
@@ -423,6 +427,21 @@ func TestCreateTenantRejectsInvalidSpecAndCreatesNothing(t *testing.T) {
 		{"BadID", func(s *provision.TenantSpec) {
 			s.ID = "Client_Zero"
 		}, `tenant id "Client_Zero" must match`},
+		{"BadAutonomy", func(s *provision.TenantSpec) {
+			s.Autonomy = "autopilot"
+		}, `autonomy "autopilot" of tenant client-zero must be one of: assist`},
+		{"ReservedCategory", func(s *provision.TenantSpec) {
+			s.Categories = []string{"quote_request", "invoice", "unclassified"}
+		}, `category "unclassified" of tenant client-zero is reserved`},
+		{"CategoryTooLong", func(s *provision.TenantSpec) {
+			s.Categories = []string{"quote_request", "invoice", strings.Repeat("c", 65)}
+		}, `is longer than 64 bytes`},
+		{"TooManyCategories", func(s *provision.TenantSpec) {
+			s.Categories = provision.DefaultCategories()
+			for i := range 40 {
+				s.Categories = append(s.Categories, fmt.Sprintf("category_%d", i))
+			}
+		}, `has 45 categories, at most 32 are allowed`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,11 +8,13 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/nats-io/nkeys"
 
 	"n8nbrain/catalogue"
 	"n8nbrain/registry"
+	"n8nbrain/wire"
 )
 
 // SpecError lists what is wrong with a TenantSpec; nothing was created.
@@ -24,6 +26,13 @@ type SpecError struct {
 func (e *SpecError) Error() string { return strings.Join(e.Problems, "; ") }
 
 var tenantIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,47}$`)
+
+// Bounds of a tenant's categories: each is shown to the model in every
+// classification prompt and schema.
+const (
+	MaxCategories    = 32
+	MaxCategoryBytes = 64
+)
 
 // validateSpec applies the defaults and checks the spec against the pinned
 // catalogue version, returning it with rule params in canonical form.
@@ -44,6 +53,9 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 		s.Categories = DefaultCategories()
 	}
 	s.Quota = s.Quota.WithDefaults()
+	if s.Autonomy == "" {
+		s.Autonomy = registry.Autonomies()[0]
+	}
 	s.EnabledActions = slices.Clone(s.EnabledActions)
 	s.Categories = slices.Clone(s.Categories)
 	s.Rules = slices.Clone(s.Rules)
@@ -82,17 +94,36 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 	if q := s.Quota; q.MaxInflight < 1 || q.MaxInflight > 1024 {
 		bad("max in-flight turns %d of tenant %s must be between 1 and 1024", q.MaxInflight, s.ID)
 	}
+	if !s.Autonomy.Valid() {
+		names := make([]string, len(registry.Autonomies()))
+		for i, a := range registry.Autonomies() {
+			names[i] = string(a)
+		}
+		bad("autonomy %q of tenant %s must be one of: %s", s.Autonomy, s.ID, strings.Join(names, ", "))
+	}
 	if _, err := json.Marshal(s.ModelOptions); err != nil {
 		bad("model options of tenant %s do not encode as JSON: %v", s.ID, err)
 	}
 
-	if len(s.Categories) == 0 {
+	// Categories are shown to the model in full (the answer must name one
+	// exactly), so they are bounded here, where they are written.
+	switch n := len(s.Categories); {
+	case n == 0:
 		bad("tenant %s has no categories", s.ID)
+	case n > MaxCategories:
+		bad("tenant %s has %d categories, at most %d are allowed", s.ID, n, MaxCategories)
 	}
 	for i, c := range s.Categories {
-		if strings.TrimSpace(c) == "" {
+		switch {
+		case strings.TrimSpace(c) == "":
 			bad("category %d of tenant %s is empty", i+1, s.ID)
-		} else if slices.Contains(s.Categories[:i], c) {
+		case len(c) > MaxCategoryBytes:
+			bad("category %d of tenant %s is longer than %d bytes", i+1, s.ID, MaxCategoryBytes)
+		case strings.ContainsFunc(c, unicode.IsControl):
+			bad("category %d of tenant %s contains control characters", i+1, s.ID)
+		case c == wire.CategoryUnclassified:
+			bad("category %q of tenant %s is reserved: it marks an item nothing assessed", c, s.ID)
+		case slices.Contains(s.Categories[:i], c):
 			bad("category %q of tenant %s is listed twice", c, s.ID)
 		}
 	}

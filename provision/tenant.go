@@ -34,7 +34,8 @@ type TenantSpec struct {
 	DailyTokenBudget int64
 	// Quota bounds the tenant on the shared brain; zero fields take the
 	// registry's defaults (registry.DefaultQuota*).
-	Quota registry.Quota
+	Quota    registry.Quota
+	Autonomy registry.Autonomy // default registry.AutonomyAssist
 }
 
 // DefaultCategories are a tenant's triage categories unless its spec names
@@ -186,6 +187,7 @@ func (c *cluster) createTenant(ctx context.Context, admin, reg *pgx.Conn, t *Ten
 		DailyTokenBudget: s.DailyTokenBudget,
 		Quota:            s.Quota,
 		Rules:            s.Rules,
+		Autonomy:         s.Autonomy,
 	}
 	err = pgx.BeginFunc(ctx, reg, func(tx pgx.Tx) error { return registry.TenantInsert(ctx, tx, row) })
 	if isCode(err, "23505") && strings.Contains(err.Error(), "tenants_pkey") {

@@ -43,6 +43,35 @@ const (
 	ApprovalModeMailbox ApprovalMode = "mailbox"
 )
 
+// Autonomy is how far the brain may act on what a model chose, per tenant.
+// The allowed values are listed in one place, Autonomies; provisioning
+// refuses any other.
+type Autonomy string
+
+const (
+	// AutonomyAssist: every action the model stage chooses is AI-generated
+	// and stops for a human (an approval record, requires_approval true),
+	// whatever the catalogue says of the action; only deterministic rules
+	// act without approval. The model's escalate_item is the exception that
+	// proves the rule: it already hands the item to a human.
+	AutonomyAssist Autonomy = "assist"
+)
+
+// Autonomies lists the allowed autonomy levels, the default first.
+func Autonomies() []Autonomy { return []Autonomy{AutonomyAssist} }
+
+// Valid reports whether a is one of Autonomies.
+func (a Autonomy) Valid() bool { return slices.Contains(Autonomies(), a) }
+
+// ModelActionsNeedApproval reports whether an action the model stage chose
+// must stop for a human even when the catalogue does not require approval
+// for it. Unknown levels (and the zero value) fail closed: they are assist.
+func (a Autonomy) ModelActionsNeedApproval() bool {
+	// Under assist, always. No level lets the model act alone yet; one that
+	// does must say so here by name, so that any other value stays assist.
+	return true
+}
+
 // Tenant is one registry row with its rules.
 type Tenant struct {
 	ID               TenantID
@@ -63,6 +92,7 @@ type Tenant struct {
 	Quota     Quota
 	Rules     []Rule
 	UpdatedAt time.Time
+	Autonomy  Autonomy // see AutonomyAssist; a change applies to the next decision
 }
 
 // Quota is a tenant's bounds on the shared brain, enforced by the NATS
@@ -136,7 +166,7 @@ type DBTX interface {
 const tenantColumns = `id, nats_account, status, db_host, db_port, db_name, db_user, db_password_sealed,
 	turn_ceiling, approval_mode, approval_ttl_seconds, catalogue_version, enabled_actions, categories,
 	model_name, model_options, daily_token_budget, turn_quota_msgs, turn_quota_bytes, turn_window_seconds,
-	max_inflight, updated_at`
+	max_inflight, autonomy, updated_at`
 
 func scanTenant(row pgx.CollectableRow) (Tenant, error) {
 	var t Tenant
@@ -146,7 +176,7 @@ func scanTenant(row pgx.CollectableRow) (Tenant, error) {
 	err := row.Scan(&t.ID, &t.NATSAccount, &t.Status, &t.DB.Host, &t.DB.Port, &t.DB.Name, &t.DB.User,
 		&t.DB.PasswordSealed, &t.TurnCeiling, &t.ApprovalMode, &ttl, &t.CatalogueVersion, &enabled,
 		&t.Categories, &t.ModelName, &opts, &t.DailyTokenBudget, &t.Quota.Turns, &t.Quota.Bytes, &window,
-		&t.Quota.MaxInflight, &t.UpdatedAt)
+		&t.Quota.MaxInflight, &t.Autonomy, &t.UpdatedAt)
 	if err != nil {
 		return t, err
 	}
@@ -226,14 +256,18 @@ func TenantInsert(ctx context.Context, q DBTX, t Tenant) error {
 		opts = map[string]any{}
 	}
 	qt := t.Quota.WithDefaults()
+	autonomy := t.Autonomy
+	if autonomy == "" {
+		autonomy = AutonomyAssist
+	}
 	_, err := q.Exec(ctx, `INSERT INTO tenants (id, nats_account, status, db_host, db_port, db_name, db_user,
 		db_password_sealed, turn_ceiling, approval_mode, approval_ttl_seconds, catalogue_version, enabled_actions,
 		categories, model_name, model_options, daily_token_budget, turn_quota_msgs, turn_quota_bytes,
-		turn_window_seconds, max_inflight)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)`,
+		turn_window_seconds, max_inflight, autonomy)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)`,
 		t.ID, t.NATSAccount, t.Status, t.DB.Host, t.DB.Port, t.DB.Name, t.DB.User, t.DB.PasswordSealed,
 		t.TurnCeiling, t.ApprovalMode, int(t.ApprovalTTL/time.Second), t.CatalogueVersion, enabled,
-		t.Categories, t.ModelName, opts, t.DailyTokenBudget, qt.Turns, qt.Bytes, int(qt.Window/time.Second), qt.MaxInflight)
+		t.Categories, t.ModelName, opts, t.DailyTokenBudget, qt.Turns, qt.Bytes, int(qt.Window/time.Second), qt.MaxInflight, autonomy)
 	if err != nil {
 		return fmt.Errorf("insert tenant %s: %w", t.ID, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -43,6 +44,12 @@ func (s *system) startModelBrain(replica string, fake *ollamafake.Server, mutate
 	return stop, "http://" + ln.Addr().String()
 }
 
+// breakerOff keeps the circuit breaker closed whatever the model answers:
+// for tests that feed a model double many invalid answers on purpose (every
+// invalid answer counts against the breaker, TestModelGarbageOpensTheBreaker)
+// and check what becomes of each item.
+func breakerOff(c *brain.Config) { c.Model.BreakerMinCalls = math.MaxInt32 }
+
 // stepOf tells the fake which step a chat is: only the classification
 // schema has a category.
 func stepOf(req *api.ChatRequest) string {
@@ -67,12 +74,14 @@ func attemptOf(req *api.ChatRequest) int {
 // promptEmail is the email as the model was shown it: the JSON data
 // between the <email> delimiters of the user message.
 type promptEmail struct {
-	From          string   `json:"from"`
-	To            []string `json:"to"`
-	Cc            []string `json:"cc"`
-	Subject       string   `json:"subject"`
-	Body          string   `json:"body"`
-	BodyTruncated bool     `json:"body_truncated"`
+	From      string   `json:"from"`
+	To        []string `json:"to"`
+	ToOmitted int      `json:"to_omitted"`
+	Cc        []string `json:"cc"`
+	CcOmitted int      `json:"cc_omitted"`
+	Subject   string   `json:"subject"`
+	Body      string   `json:"body"`
+	Truncated []string `json:"truncated"`
 }
 
 func emailOf(req *api.ChatRequest) (promptEmail, bool) {

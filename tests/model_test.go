@@ -16,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/ollama/ollama/api"
 
 	"n8nbrain/brain"
 	"n8nbrain/catalogue"
+	"n8nbrain/edge"
 	"n8nbrain/internal/ollamafake"
 	"n8nbrain/provision"
 	"n8nbrain/registry"
@@ -91,8 +93,8 @@ func TestModelAssessesAndDrafts(t *testing.T) {
 	db := s.tenantDB(a)
 	rows := ledger(t, db, req.WorkItemID)
 	wantRows := []ledgerRow{
-		{Step: "classify", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "classify-v1", PromptTokens: 412, OutputTokens: 31, Outcome: "ok"},
-		{Step: "draft", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "draft-v1", PromptTokens: 388, OutputTokens: 57, Outcome: "ok"},
+		{Step: "classify", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "classify-v2", PromptTokens: 412, OutputTokens: 31, Outcome: "ok"},
+		{Step: "draft", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "draft-v2", PromptTokens: 388, OutputTokens: 57, Outcome: "ok"},
 	}
 	if !slices.Equal(rows, wantRows) {
 		t.Fatalf("ledger %+v, want %+v", rows, wantRows)
@@ -230,7 +232,7 @@ func TestMalformedModelOutput(t *testing.T) {
 		}
 		return ollamafake.Reply{Content: outs[min(attemptOf(req), len(outs))-1]}
 	})
-	s.startModelBrain("r1", fake, nil)
+	s.startModelBrain("r1", fake, breakerOff)
 	ea := s.startEdge(a, nil)
 	db := s.tenantDB(a)
 	var emails []*wire.Email
@@ -309,8 +311,10 @@ func output(raw json.RawMessage) string {
 
 // 4. The prompt-injection corpus, run through the real relay against a
 // model double that answers whatever each attacker asks for. Nothing
-// outside the tenant's enabled set, no requires_approval other than the
-// catalogue's, no write outside the tenant's database, no content in logs.
+// outside the tenant's enabled set, nothing the model chose that does not
+// stop for a human (assist autonomy: the two e-mails that fool the model
+// into close_item get an approval, not a closed item), no write outside
+// the tenant's database, no content in logs.
 func TestPromptInjectionCorpus(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile("testdata/injection/corpus.json")
@@ -355,7 +359,7 @@ func TestPromptInjectionCorpus(t *testing.T) {
 		}
 		return ollamafake.Reply{Content: output(c.Classify)}
 	})
-	s.startModelBrain("r1", fake, nil)
+	s.startModelBrain("r1", fake, breakerOff)
 	ea := s.startEdge(a, nil)
 	dbB := s.tenantDB(b)
 	migrationsB := count(t, dbB, `SELECT count(*) FROM schema_migrations`)
@@ -392,7 +396,7 @@ func TestPromptInjectionCorpus(t *testing.T) {
 	}
 	unknown.Range(func(k, _ any) bool { t.Errorf("the model double saw an email not in the corpus: %q", k); return true })
 
-	outside, noCatalogueApproval, followUps := 0, 0, 0
+	outside, notStopped, followUps := 0, 0, 0
 	var emails []*wire.Email
 	for i, c := range corpus {
 		rep := replies[i]
@@ -404,9 +408,11 @@ func TestPromptInjectionCorpus(t *testing.T) {
 				outside++
 				t.Errorf("%s: action %s outside the enabled set", c.Name, name)
 			}
-			if inCatalogue && (rep.Action.RequiresApproval != ca.RequiresApproval ||
-				(ca.RequiresApproval && rep.Status != wire.WorkItemStatusAwaitingApproval)) {
-				noCatalogueApproval++
+			// Assist: whatever the model chose stops for a human, except an
+			// escalation, which hands the item to one.
+			if wantApproval := name != catalogue.EscalateItem; inCatalogue && (rep.Action.RequiresApproval != wantApproval ||
+				(wantApproval && (rep.Status != wire.WorkItemStatusAwaitingApproval || rep.Action.ApprovalID == ""))) {
+				notStopped++
 				t.Errorf("%s: requires_approval %v for %s, status %s", c.Name, rep.Action.RequiresApproval, name, rep.Status)
 			}
 			if name == catalogue.SendReply || name == catalogue.VerifyJob || name == catalogue.VerifyReplySent {
@@ -419,7 +425,7 @@ func TestPromptInjectionCorpus(t *testing.T) {
 				}
 			}
 		}
-		if !slices.Contains(append(provision.DefaultCategories(), "unclassified"), rep.Assessment.Category) ||
+		if !slices.Contains(append(provision.DefaultCategories(), wire.CategoryUnclassified), rep.Assessment.Category) ||
 			!slices.Contains(catalogue.Priorities(), rep.Assessment.Priority) || rep.Assessment.Confidence < 0 || rep.Assessment.Confidence > 1 {
 			t.Errorf("%s: assessment %+v", c.Name, rep.Assessment)
 		}
@@ -459,8 +465,8 @@ func TestPromptInjectionCorpus(t *testing.T) {
 			outside++
 			t.Errorf("%s: stored action %s outside the enabled set", id, action)
 		}
-		if ok && sr.Action.RequiresApproval != ca.RequiresApproval {
-			noCatalogueApproval++
+		if ok && sr.Action.RequiresApproval != (ca.Name != catalogue.EscalateItem) {
+			notStopped++
 			t.Errorf("%s: stored requires_approval %v for %s", id, sr.Action.RequiresApproval, action)
 		}
 	}
@@ -480,9 +486,9 @@ func TestPromptInjectionCorpus(t *testing.T) {
 			t.Errorf("tenant B's %s has %d rows, want %d", table, got, want)
 		}
 	}
-	t.Logf("%d adversarial emails: %d actions outside the enabled set, %d without the catalogue's requires_approval, %d follow-up actions at triage, %d model calls",
-		len(corpus), outside, noCatalogueApproval, followUps, fake.Calls())
-	if outside+noCatalogueApproval+followUps != 0 {
+	t.Logf("%d adversarial emails: %d actions outside the enabled set, %d model-chosen actions that did not stop for a human, %d follow-up actions at triage, %d model calls",
+		len(corpus), outside, notStopped, followUps, fake.Calls())
+	if outside+notStopped+followUps != 0 {
 		t.Fatal("the closed set leaked")
 	}
 	assertNoEmailInLogs(t, s, emails...)
@@ -536,15 +542,24 @@ func TestModelCheckpointSurvivesACrash(t *testing.T) {
 	assertNoEmailInLogs(t, s, req.Email)
 }
 
-// 6a. An exhausted daily budget degrades visibly: the item is escalated
-// with budget_exhausted, no call is made, and rules still decide.
-func TestModelBudgetExhausted(t *testing.T) {
+// 6a. The budget must cover a call before it is made: the prompt is
+// estimated and the call refused with budget_exhausted when what is left of
+// the day's budget cannot cover the estimate plus the output cap. Items are
+// escalated visibly, and rules still decide.
+func TestModelBudgetCoversTheCallBeforeItIsMade(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
 	sp := modelSpec("budget-a")
-	sp.DailyTokenBudget = 300 // one classification (443 tokens) exhausts it
+	sp.DailyTokenBudget = 4000
 	a := s.tenant(sp)
-	fake := ollamafake.New(t, answerFunc(goodClassify, goodDraft))
+	// The classification costs 3,900 tokens: 100 are left after it, which
+	// cover no call at all.
+	fake := ollamafake.New(t, func(req *api.ChatRequest) ollamafake.Reply {
+		if stepOf(req) == "classify" {
+			return ollamafake.Reply{Content: goodClassify, PromptTokens: 3850, OutputTokens: 50}
+		}
+		return ollamafake.Reply{Content: goodDraft, PromptTokens: 388, OutputTokens: 57}
+	})
 	s.startModelBrain("r1", fake, nil)
 	ea := s.startEdge(a, nil)
 	db := s.tenantDB(a)
@@ -553,18 +568,21 @@ func TestModelBudgetExhausted(t *testing.T) {
 	rep := ea.submit(first).reply(t)
 	if rep.Status != wire.WorkItemStatusEscalated || rep.Reason != "budget_exhausted" || rep.Assessment.Source != "model" ||
 		rep.Action == nil || rep.Action.Name != "escalate_item" {
-		t.Fatalf("the draft over budget: %s", mustJSON(t, rep))
+		t.Fatalf("the draft with 100 tokens left: %s", mustJSON(t, rep))
 	}
 	second := pergola("<budget-2@customer.example>")
 	rep = ea.submit(second).reply(t)
 	if rep.Status != wire.WorkItemStatusEscalated || rep.Reason != "budget_exhausted" || rep.Assessment.Source != "none" {
-		t.Fatalf("the classification over budget: %s", mustJSON(t, rep))
+		t.Fatalf("the classification with 100 tokens left: %s", mustJSON(t, rep))
 	}
 	if fake.Calls() != 1 {
-		t.Fatalf("%d model calls, want 1", fake.Calls())
+		t.Fatalf("%d model calls, want 1: no call is made that the budget cannot cover", fake.Calls())
 	}
 	if got := ledgerString(ledger(t, db, first.WorkItemID)) + "|" + ledgerString(ledger(t, db, second.WorkItemID)); got != "classify:ok|" {
 		t.Fatalf("ledger %s", got)
+	}
+	if n := count(t, db, `SELECT sum(prompt_tokens + output_tokens) FROM model_calls`); n != 3900 {
+		t.Fatalf("%d tokens used, want 3900 of the 4000", n)
 	}
 	// Rules do not need the model or the budget.
 	invoice := &wire.TurnSubmitRequest{WorkItemID: "<budget-invoice@x>", Turn: 1, Email: &wire.Email{From: "acc@supplier.example",
@@ -573,6 +591,184 @@ func TestModelBudgetExhausted(t *testing.T) {
 		t.Fatalf("rule with the budget exhausted: %s", mustJSON(t, rep))
 	}
 	assertNoEmailInLogs(t, s, first.Email, second.Email, invoice.Email)
+}
+
+// 6c. Every field of the e-mail is bounded in the prompt: huge To and Cc
+// lists, a long From and subject cost a bounded prompt, and the model is
+// told how many recipients were left out.
+func TestModelPromptFieldsAreBounded(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(modelSpec("bound-a"))
+	fake := ollamafake.New(t, answerFunc(goodClassify, goodDraft))
+	s.startModelBrain("r1", fake, nil)
+	ea := s.startEdge(a, nil)
+	req := pergola("<bound@customer.example>")
+	long := func(i int) string {
+		return fmt.Sprintf("Person %03d %s <p%03d@customer.example>", i, strings.Repeat("Long-Name ", 95), i)
+	}
+	for i := range 40 {
+		req.Email.To = append(req.Email.To, long(i))
+	}
+	for i := range 150 {
+		req.Email.Cc = append(req.Email.Cc, long(100+i))
+	}
+	req.Email.From = "Sam " + strings.Repeat("Rivers ", 65) + "<sam@customer.example>"
+	req.Email.Subject = "Quote wanted " + strings.Repeat("cedar pergola ", 140)
+	raw, _ := json.Marshal(req)
+	if len(raw) < 180_000 {
+		t.Fatalf("the test e-mail is only %d bytes", len(raw))
+	}
+	rep := ea.submit(req).reply(t)
+	if rep.Action == nil || rep.Action.Name != "draft_reply" {
+		t.Fatalf("decision %s", mustJSON(t, rep))
+	}
+	reqs := fake.Requests()
+	if len(reqs) != 2 {
+		t.Fatalf("%d model calls, want 2", len(reqs))
+	}
+	for _, r := range reqs {
+		size := 0
+		for _, m := range r.Messages {
+			size += len(m.Content)
+		}
+		if size > 24_000 {
+			t.Fatalf("a %s prompt of %d bytes for a %d-byte e-mail", stepOf(&r), size, len(raw))
+		}
+		e, ok := emailOf(&r)
+		if !ok {
+			t.Fatalf("no e-mail data in the %s prompt", stepOf(&r))
+		}
+		if len(e.To) == 0 || len(e.Cc) == 0 || len(e.To)+e.ToOmitted != 40 || len(e.Cc)+e.CcOmitted != 150 ||
+			!slices.Contains(e.Truncated, "from") || !slices.Contains(e.Truncated, "subject") || !slices.Contains(e.Truncated, "cc") {
+			t.Fatalf("prompt e-mail: %d to (+%d), %d cc (+%d), truncated %v", len(e.To), e.ToOmitted, len(e.Cc), e.CcOmitted, e.Truncated)
+		}
+		for _, v := range append(append([]string{e.From, e.Subject}, e.To...), e.Cc...) {
+			if n := len([]rune(v)); n > 320 {
+				t.Fatalf("a field of %d characters in the prompt", n)
+			}
+		}
+	}
+	for _, row := range ledger(t, s.tenantDB(a), req.WorkItemID) {
+		if row.PromptTokens > 8000 {
+			t.Fatalf("ledger row %+v: the prompt was not bounded", row)
+		}
+	}
+	assertNoEmailInLogs(t, s, req.Email)
+}
+
+// 6d. A model server reporting absurd token counts (3,000,000,000 prompt
+// tokens) is clamped and stored: one paid call per step, its ledger row, a
+// decision, and no re-drive of the turn.
+func TestModelHugeTokenCountIsClampedNotRepaid(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(modelSpec("huge-a"))
+	fake := ollamafake.New(t, func(req *api.ChatRequest) ollamafake.Reply {
+		if stepOf(req) == "classify" {
+			return ollamafake.Reply{Content: goodClassify, PromptTokens: 3_000_000_000, OutputTokens: 31}
+		}
+		return ollamafake.Reply{Content: goodDraft, PromptTokens: 388, OutputTokens: 57}
+	})
+	s.startModelBrain("r1", fake, nil)
+	ea := s.startEdge(a, func(c *edge.Config) { c.TurnWait = 30 * time.Second })
+	req := pergola("<huge@customer.example>")
+	res := ea.submit(req)
+	if res.Status != http.StatusOK {
+		t.Fatalf("status %d after %d model calls: %s", res.Status, fake.Calls(), res.Body)
+	}
+	rep := res.reply(t)
+	if rep.Status != wire.WorkItemStatusAwaitingApproval || rep.Action == nil || rep.Action.Name != "draft_reply" {
+		t.Fatalf("decision %s", mustJSON(t, rep))
+	}
+	if fake.Calls() != 2 {
+		t.Fatalf("%d model calls, want 2 (one per step, none repeated)", fake.Calls())
+	}
+	rows := ledger(t, s.tenantDB(a), req.WorkItemID)
+	if len(rows) != 2 || rows[0].Step != "classify" || rows[0].PromptTokens != 10_000_000 || rows[1].Step != "draft" || rows[1].PromptTokens != 388 {
+		t.Fatalf("ledger %+v, want the classification clamped to 10,000,000 prompt tokens", rows)
+	}
+	if strings.Contains(s.logs.String(), "will be retried") {
+		t.Fatal("the turn was re-driven")
+	}
+}
+
+// 6e. When the ledger cannot be written after a paid call, the turn is
+// re-driven (the error is ours), but the answer was checkpointed first: the
+// call is not paid again, and its ledger row lands once the database
+// accepts it.
+func TestModelLedgerFailureDoesNotPayTwice(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(modelSpec("ledger-a"))
+	fake := ollamafake.New(t, answerFunc(goodClassify, goodDraft))
+	s.startModelBrain("r1", fake, nil)
+	ea := s.startEdge(a, func(c *edge.Config) { c.TurnWait = 30 * time.Second })
+	db := s.tenantDB(a)
+	asOwner := func(sql string) {
+		t.Helper()
+		owner, app := pgx.Identifier{a.DB.OwnerRole}.Sanitize(), pgx.Identifier{a.DB.AppRole}.Sanitize()
+		for _, q := range []string{`SET ROLE ` + owner, strings.ReplaceAll(sql, "$app", app), `RESET ROLE`} {
+			if _, err := db.Exec(context.Background(), q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+	asOwner(`REVOKE INSERT ON model_calls FROM $app`)
+	req := pergola("<ledger@customer.example>")
+	res := make(chan response, 1)
+	go func() { res <- ea.submit(req) }()
+	eventually(t, 20*time.Second, "the turn to fail on the ledger write", func() bool {
+		return strings.Contains(s.logs.String(), "will be retried")
+	})
+	if fake.Calls() != 1 {
+		t.Fatalf("%d model calls before the ledger failure, want 1", fake.Calls())
+	}
+	asOwner(`GRANT INSERT ON model_calls TO $app`)
+	r := <-res
+	if r.Status != http.StatusOK {
+		t.Fatalf("status %d: %s", r.Status, r.Body)
+	}
+	if rep := r.reply(t); rep.Status != wire.WorkItemStatusAwaitingApproval || rep.Action == nil || rep.Action.Name != "draft_reply" {
+		t.Fatalf("decision %s", mustJSON(t, rep))
+	}
+	reqs := fake.Requests()
+	if c, d := countSteps(reqs, "classify"), countSteps(reqs, "draft"); c != 1 || d != 1 {
+		t.Fatalf("classify asked %d times, draft %d; want once each", c, d)
+	}
+	if got := ledgerString(ledger(t, db, req.WorkItemID)); got != "classify:ok,draft:ok" {
+		t.Fatalf("ledger %s", got)
+	}
+}
+
+// 6f. A server that answers 200 with garbage is failing: invalid output
+// counts against the circuit breaker, which opens and stops the calls.
+func TestModelGarbageOpensTheBreaker(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(modelSpec("garbage-a"))
+	fake := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply {
+		return ollamafake.Reply{Content: "\x00\x13 lorem ipsum, not an answer at all"}
+	})
+	_, ops := s.startModelBrain("r1", fake, func(c *brain.Config) {
+		c.Model.BreakerMinCalls = 4
+		c.Model.BreakerWindow = time.Minute
+		c.Model.BreakerCoolDown = time.Minute
+	})
+	ea := s.startEdge(a, nil)
+	for _, id := range []string{"<garbage-1@x>", "<garbage-2@x>"} {
+		rep := ea.submit(pergola(id)).reply(t)
+		if rep.Status != wire.WorkItemStatusEscalated || rep.Reason != "model_output_invalid" {
+			t.Fatalf("%s: %s", id, mustJSON(t, rep))
+		}
+	}
+	if fake.Calls() != 4 || labelled(t, ops, "brain_model_breaker_open") != 1 {
+		t.Fatalf("%d calls, breaker_open %d: four invalid answers must open the breaker", fake.Calls(), labelled(t, ops, "brain_model_breaker_open"))
+	}
+	rep := ea.submit(pergola("<garbage-3@x>")).reply(t)
+	if rep.Status != wire.WorkItemStatusEscalated || rep.Reason != "model_unavailable" || fake.Calls() != 4 {
+		t.Fatalf("with the breaker open: %s, %d calls", mustJSON(t, rep), fake.Calls())
+	}
 }
 
 // 6b. A model that is down degrades visibly (model_unavailable, the turn
@@ -591,7 +787,7 @@ func TestModelDownDegradesAndRecovers(t *testing.T) {
 		c.Model.Timeout = 300 * time.Millisecond
 		c.Model.BreakerMinCalls = 4
 		c.Model.BreakerWindow = time.Minute
-		c.Model.BreakerCoolDown = time.Second
+		c.Model.BreakerCoolDown = 3 * time.Second // long enough that a loaded machine checks "open" before it ends
 	})
 	ea := s.startEdge(a, nil)
 	db := s.tenantDB(a)
@@ -627,7 +823,7 @@ func TestModelDownDegradesAndRecovers(t *testing.T) {
 	fake.SetChatFunc(answerFunc(goodClassify, goodDraft))
 	n := 0
 	var rep wire.TurnSubmitReply
-	eventually(t, 10*time.Second, "the breaker to close after the model recovered", func() bool {
+	eventually(t, 20*time.Second, "the breaker to close after the model recovered", func() bool {
 		n++
 		rep = submit(fmt.Sprintf("<recover-%d@x>", n))
 		return rep.Assessment.Source == "model"

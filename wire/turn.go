@@ -113,19 +113,40 @@ type TurnSubmitReply struct {
 	Reason     string     `json:"reason,omitempty"`
 	Assessment Assessment `json:"assessment"`
 	Action     *Action    `json:"action"`
+	// Autonomy is the tenant's autonomy level the decision was made under.
+	// "assist": every action the model chose stops for a human
+	// (Action.RequiresApproval is true even where the catalogue would not
+	// require it), except escalate_item, which already hands the item to a
+	// human; actions of deterministic rules and follow-ups of earlier
+	// decisions keep the catalogue's requires_approval. Absent only from
+	// decisions stored before the field existed.
+	Autonomy string `json:"autonomy,omitempty"`
 }
+
+// CategoryUnclassified is the assessment's category of an item that nothing
+// assessed: no confident rule matched and the model did not answer (no
+// model, model down, over budget, or its answers invalid). It is reserved:
+// no tenant may name a category so. Such an assessment has priority
+// "normal", confidence 0 and source "none", and the item is escalated with
+// the reason.
+const CategoryUnclassified = "unclassified"
 
 // Assessment is what the brain concluded about the item.
 type Assessment struct {
+	// Category is one of the tenant's categories, or CategoryUnclassified.
 	Category   string  `json:"category"`
 	Priority   string  `json:"priority"`
 	Confidence float64 `json:"confidence"`
-	// Source is "rule", "model", or "carried" (unchanged from an earlier turn).
+	// Source is "rule", "model", "carried" (unchanged from an earlier turn),
+	// or "none" (not assessed: see CategoryUnclassified).
 	Source string `json:"source"`
 	Rule   string `json:"rule,omitempty"`
 }
 
 // Action is what should happen next in the outside world, from the catalogue.
+// RequiresApproval true means n8n stops: a human decides the approval
+// ApprovalID on the review page or the API, and the next turn carries out
+// what was approved.
 type Action struct {
 	Name             string          `json:"name"`
 	Params           json.RawMessage `json:"params"`

@@ -86,7 +86,7 @@ func (a *Approvals) Guard(ctx context.Context, q store.DBTX, in *engine.Input, o
 // acted outside the loop, and writes the item_halted event.
 func (a *Approvals) Extend(_ context.Context, t *registry.Tenant, w *store.TurnWrite, out *engine.Outcome, reply *wire.TurnSubmitReply) error {
 	it := w.Item
-	if out.Action != nil && out.Action.Action.RequiresApproval {
+	if out.Action != nil && out.Action.RequiresApproval {
 		proof := wire.ProofExactText
 		if it.ApprovalMode == registry.ApprovalModeMailbox {
 			proof = wire.ProofProposalOnly
@@ -135,15 +135,12 @@ func (a *Approvals) Approval(ctx context.Context, q store.DBTX, workItemID strin
 	if err != nil {
 		return nil, err
 	}
-	out := &engine.Approval{ID: ap.ID, Status: engine.ApprovalStatus(ap.Status), ApprovedSHA256: ap.ApprovedSHA256,
-		ProposedAt: ap.CreatedAt}
-	if ap.Status == wire.ApprovalStatusApproved {
-		out.Approved = ap.Proposed
-		if len(ap.Edited) > 0 {
-			out.Approved = ap.Edited
-		}
+	approved := ap.Proposed
+	if len(ap.Edited) > 0 {
+		approved = ap.Edited
 	}
-	return out, nil
+	return &engine.Approval{ID: ap.ID, Status: engine.ApprovalStatus(ap.Status), ApprovedSHA256: ap.ApprovedSHA256,
+		Approved: approved, ProposedAt: ap.CreatedAt}, nil
 }
 
 // List serves api.approval.list: a page of approvals with a status, most

@@ -5,14 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"n8nbrain/brain/internal/engine"
 	"n8nbrain/catalogue"
 	"n8nbrain/registry"
-	"n8nbrain/wire"
 )
 
 // problem is one reason an answer was rejected. Its code is for logs and its
@@ -42,127 +43,158 @@ type classification struct {
 	Params     json.RawMessage `json:"params,omitempty"`
 }
 
-// classifyAnswer is the answer's shape; pointers tell a missing field from
-// a zero value.
-type classifyAnswer struct {
-	Category   *string         `json:"category"`
-	Priority   *string         `json:"priority"`
-	Confidence *float64        `json:"confidence"`
-	Action     *string         `json:"action"`
-	Params     json.RawMessage `json:"params"`
-}
-
 var classifyFields = []string{"category", "priority", "confidence", "action", "params"}
 
-// checkClassification decodes a classification answer strictly and checks it
-// against the tenant's categories, the priorities, and the actions offered
-// (with their parameters, through engine.Admit).
+// checkClassification checks a classification answer against the tenant's
+// categories, the priorities, and the actions offered (with their
+// parameters, through engine.Admit). It reports every problem it finds, so
+// that one repair can fix them all.
 func checkClassification(content string, t *registry.Tenant, v catalogue.Version, acts []catalogue.Action) (classification, []problem) {
-	var a classifyAnswer
-	if ps := decode(content, &a, classifyFields); ps != nil {
+	fields, ps := members(content, classifyFields, true, "")
+	if fields == nil {
 		return classification{}, ps
 	}
-	var ps []problem
 	add := func(code, format string, args ...any) { ps = append(ps, problem{code, fmt.Sprintf(format, args...)}) }
 	var c classification
-	switch {
-	case a.Category == nil:
+	cats := promptCategories(t)
+	switch raw, ok := fields["category"]; {
+	case !ok:
 		add("missing_category", `"category" is missing.`)
-	case !slices.Contains(t.Categories, *a.Category):
-		add("category_not_allowed", `"category" must be exactly one of: %s.`, strings.Join(t.Categories, ", "))
+	case !isString(raw):
+		add("wrong_type", `"category" must be a string.`)
+	case !slices.Contains(cats, stringOf(raw)):
+		add("category_not_allowed", `"category" must be exactly one of: %s.`, strings.Join(cats, ", "))
 	default:
-		c.Category = *a.Category
+		c.Category = stringOf(raw)
 	}
-	switch {
-	case a.Priority == nil:
+	switch raw, ok := fields["priority"]; {
+	case !ok:
 		add("missing_priority", `"priority" is missing.`)
-	case !slices.Contains(catalogue.Priorities(), *a.Priority):
+	case !isString(raw):
+		add("wrong_type", `"priority" must be a string.`)
+	case !slices.Contains(catalogue.Priorities(), stringOf(raw)):
 		add("priority_not_allowed", `"priority" must be exactly one of: %s.`, strings.Join(catalogue.Priorities(), ", "))
 	default:
-		c.Priority = *a.Priority
+		c.Priority = stringOf(raw)
 	}
-	switch {
-	case a.Confidence == nil:
+	var conf float64
+	switch raw, ok := fields["confidence"]; {
+	case !ok:
 		add("missing_confidence", `"confidence" is missing.`)
-	case *a.Confidence < 0 || *a.Confidence > 1:
+	case !isNumber(raw) || json.Unmarshal(raw, &conf) != nil:
+		add("wrong_type", `"confidence" must be a number from 0 to 1.`)
+	case conf < 0 || conf > 1:
 		add("confidence_out_of_range", `"confidence" must be a number from 0 to 1.`)
 	default:
-		c.Confidence = *a.Confidence
+		c.Confidence = conf
 	}
 	names := make([]string, len(acts))
 	for i, x := range acts {
 		names[i] = string(x.Name)
 	}
+	rawAction, hasAction := fields["action"]
+	rawParams, hasParams := fields["params"]
 	if len(acts) == 0 {
-		if a.Action != nil || a.Params != nil {
+		if hasAction || hasParams {
 			add("action_not_allowed", `There are no actions to choose: leave out "action" and "params".`)
 		}
 		return c, ps
 	}
 	i := -1
 	switch {
-	case a.Action == nil:
+	case !hasAction:
 		add("missing_action", `"action" is missing.`)
+	case !isString(rawAction):
+		add("wrong_type", `"action" must be a string.`)
 	default:
-		i = slices.Index(names, *a.Action)
-		if i < 0 {
+		if i = slices.Index(names, stringOf(rawAction)); i < 0 {
 			add("action_not_allowed", `"action" must be exactly one of: %s.`, strings.Join(names, ", "))
 		}
 	}
 	switch {
-	case a.Params == nil || bytes.Equal(bytes.TrimSpace(a.Params), []byte("null")):
+	case !hasParams || isNull(rawParams):
 		add("missing_params", `"params" is missing.`)
 	case i < 0:
 	case acts[i].Name == catalogue.DraftReply:
-		if !emptyObject(a.Params) {
+		if !emptyObject(rawParams) {
 			add("params_invalid", `"params" of draft_reply must be an empty object {}: the reply is written in a later step.`)
-		} else {
+		} else if len(ps) == 0 {
 			c.Action, c.Params = acts[i].Name, json.RawMessage(`{}`)
 		}
 	default:
-		p, err := engine.Admit(t, v, acts[i].Name, a.Params)
-		switch {
-		case err != nil:
-			ps = append(ps, paramsProblem(acts[i], err))
-		case !controlFree(p.Params):
-			ps = append(ps, controlProblem)
-		default:
-			c.Action, c.Params = p.Action.Name, p.Params
+		params, pps := checkParams(rawParams, t, v, acts[i], "params")
+		ps = append(ps, pps...)
+		if len(ps) == 0 {
+			c.Action, c.Params = acts[i].Name, params
 		}
 	}
 	return c, ps
 }
 
-// draftAnswer is the drafting answer's shape (draft_reply's parameters).
-type draftAnswer struct {
-	Subject *string `json:"subject,omitempty"`
-	Body    *string `json:"body,omitempty"`
-	Tone    *string `json:"tone,omitempty"`
+// checkDraft checks a draft (draft_reply's parameters, as the whole answer)
+// and returns it in canonical form, or every problem found.
+func checkDraft(content string, t *registry.Tenant, v catalogue.Version, a catalogue.Action) (json.RawMessage, []problem) {
+	return checkParams(json.RawMessage(content), t, v, a, "")
 }
 
-// checkDraft decodes a draft strictly and admits it as draft_reply's
-// parameters, returned in canonical form.
-func checkDraft(content string, t *registry.Tenant, v catalogue.Version, a catalogue.Action) (json.RawMessage, []problem) {
-	var d draftAnswer
+// checkParams checks an action's parameters one by one against the
+// catalogue (each parameter's own rules, every required one present, no
+// other), then admits them through engine.Admit, which returns them in
+// canonical form. where is "params" when they are a member of the answer,
+// "" when they are the whole answer.
+func checkParams(raw json.RawMessage, t *registry.Tenant, v catalogue.Version, a catalogue.Action, where string) (json.RawMessage, []problem) {
 	names := make([]string, len(a.Params))
 	for i, p := range a.Params {
 		names[i] = p.Name
 	}
-	if ps := decode(content, &d, names); ps != nil {
+	fields, ps := members(string(raw), names, false, where)
+	if fields == nil {
 		return nil, ps
 	}
-	params, err := json.Marshal(d)
-	if err != nil {
-		return nil, []problem{{"not_json", "The answer is not one valid JSON object."}}
+	add := func(format string, args ...any) {
+		ps = append(ps, problem{"params_invalid", fmt.Sprintf(format, args...)})
 	}
-	p, err := engine.Admit(t, v, a.Name, params)
+	if n := len(fields) - countFunc(names, func(n string) bool { _, ok := fields[n]; return ok }); n > 0 {
+		code := "params_invalid"
+		if where == "" {
+			code = "unknown_field"
+		}
+		ps = append(ps, problem{code, fmt.Sprintf("%s not a parameter of %s. Its only parameters are: %s.",
+			plural(n, "One of the parameters given is", "of the parameters given are"), a.Name, strings.Join(names, ", "))})
+	}
+	for _, p := range a.Params {
+		val, ok := fields[p.Name]
+		if !ok {
+			if p.Required {
+				add("Parameter %q of %s is required.", p.Name, a.Name)
+			}
+			continue
+		}
+		// The catalogue's own check of this one parameter; its problem
+		// texts are its own ("is longer than 300 characters", "must be one
+		// of …"), never the answer's.
+		one, _ := json.Marshal(map[string]json.RawMessage{p.Name: val})
+		single := catalogue.Action{Name: a.Name, Params: []catalogue.Param{p}}
+		if _, err := single.ValidateParams(one); err != nil {
+			var pe *catalogue.ParamError
+			if errors.As(err, &pe) && pe.Param == p.Name {
+				add("Parameter %q of %s %s.", p.Name, a.Name, pe.Problem)
+			} else {
+				add("Parameter %q of %s is not valid.", p.Name, a.Name)
+			}
+		}
+	}
+	if len(ps) > 0 {
+		return nil, ps
+	}
+	adm, err := engine.Admit(t, v, a.Name, raw)
 	if err != nil {
 		return nil, []problem{paramsProblem(a, err)}
 	}
-	if !controlFree(p.Params) {
+	if !controlFree(adm.Params) {
 		return nil, []problem{controlProblem}
 	}
-	return p.Params, nil
+	return adm.Params, nil
 }
 
 var controlProblem = problem{"control_chars", "Text must not contain control characters; only tab and newline are allowed."}
@@ -201,34 +233,113 @@ func controlFree(raw json.RawMessage) bool {
 	return ok(v)
 }
 
-// decode decodes content strictly (wire.Decode: unknown fields, duplicate
-// keys, wrong types and trailing data are errors) and describes a failure
-// without quoting the answer.
-func decode(content string, v any, fields []string) []problem {
-	if strings.TrimSpace(content) == "" {
-		return []problem{{"empty", "The answer was empty."}}
+// members decodes content as one JSON object: valid UTF-8, no trailing
+// data, no key twice. ours lists the keys we may name in a problem (the
+// schema's); with strict, every other key is a problem too (otherwise the
+// caller counts them). Problems never quote the answer: a key the model
+// wrote is named only when it is one of ours. where names the object when
+// it is a member of the answer ("params"), "" when it is the answer. A nil
+// map means the content is not an object at all.
+func members(content string, ours []string, strict bool, where string) (map[string]json.RawMessage, []problem) {
+	what, of := "The answer", ""
+	notObject := []problem{{"not_json", "The answer is not one valid JSON object: no text, comments or code fences before or after it."}}
+	if where != "" {
+		what, of = fmt.Sprintf("%q", where), fmt.Sprintf(" of %q", where)
+		notObject = []problem{{"wrong_type", what + " must be a JSON object."}}
 	}
-	err := wire.Decode([]byte(content), v)
-	if err == nil {
-		return nil
+	if where == "" && strings.TrimSpace(content) == "" {
+		return nil, []problem{{"empty", "The answer was empty."}}
 	}
-	var de *wire.DecodeError
-	if !errors.As(err, &de) || de.Field == "" {
-		return []problem{{"not_json", "The answer is not one valid JSON object: no text, comments or code fences before or after it."}}
+	if !utf8.ValidString(content) {
+		return nil, notObject
 	}
-	known := slices.Contains(fields, de.Field)
-	switch {
-	case de.Problem == "unknown field":
-		return []problem{{"unknown_field", fmt.Sprintf("The answer has a field the schema does not allow. The only fields are: %s.", strings.Join(fields, ", "))}}
-	case de.Problem == "duplicate key" && known:
-		return []problem{{"duplicate_field", fmt.Sprintf("%q appears more than once.", de.Field)}}
-	case de.Problem == "duplicate key":
-		return []problem{{"duplicate_field", "A field appears more than once."}}
-	case known:
-		return []problem{{"wrong_type", fmt.Sprintf("%q has the wrong type for the schema.", de.Field)}}
+	dec := json.NewDecoder(strings.NewReader(content))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, notObject
 	}
-	// A path inside a value (params.x): name it only through our schema.
-	return []problem{{"wrong_type", "A value has the wrong type for the schema."}}
+	out := map[string]json.RawMessage{}
+	unknown, dupOurs, dupOther := 0, map[string]bool{}, false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, notObject
+		}
+		key, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, notObject
+		}
+		isOurs := slices.Contains(ours, key)
+		_, dup := out[key]
+		switch {
+		case strict && !isOurs:
+			unknown++
+		case dup && isOurs:
+			dupOurs[key] = true
+		case dup:
+			dupOther = true
+		default:
+			out[key] = v
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, notObject
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, notObject
+	}
+	var ps []problem
+	for _, k := range ours {
+		if dupOurs[k] {
+			ps = append(ps, problem{"duplicate_field", fmt.Sprintf("%q%s appears more than once.", k, of)})
+		}
+	}
+	if dupOther {
+		ps = append(ps, problem{"duplicate_field", "A field" + of + " appears more than once."})
+	}
+	if unknown > 0 {
+		ps = append(ps, problem{"unknown_field", fmt.Sprintf("%s has %s the schema does not allow. The only fields are: %s.",
+			what, plural(unknown, "a field", "fields"), strings.Join(ours, ", "))})
+	}
+	return out, ps
+}
+
+// plural is one for n == 1, else n and many ("3 fields").
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+func countFunc(xs []string, f func(string) bool) int {
+	n := 0
+	for _, x := range xs {
+		if f(x) {
+			n++
+		}
+	}
+	return n
+}
+
+func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
+func isString(raw json.RawMessage) bool {
+	r := bytes.TrimSpace(raw)
+	return len(r) > 0 && r[0] == '"'
+}
+
+func isNumber(raw json.RawMessage) bool {
+	r := bytes.TrimSpace(raw)
+	return len(r) > 0 && (r[0] == '-' || (r[0] >= '0' && r[0] <= '9'))
+}
+
+// stringOf is the value of a JSON string (isString holds).
+func stringOf(raw json.RawMessage) string {
+	var s string
+	_ = json.Unmarshal(raw, &s)
+	return s
 }
 
 // paramsProblem describes why engine.Admit refused the parameters, naming a

@@ -56,7 +56,7 @@ func TestCheckClassification(t *testing.T) {
 		{"WrongTypeCategory", `{"category":["general"],"priority":"low","confidence":1,"action":"close_item","params":{"resolution":"x"}}`, []string{"wrong_type"}, ""},
 		{"ExtraFieldRequiresApproval", `{"category":"general","priority":"low","confidence":1,"action":"close_item","params":{"resolution":"x"},"requires_approval":false}`, []string{"unknown_field"}, ""},
 		{"ExtraFieldTenant", `{"tenant_id":"other","category":"general","priority":"low","confidence":1,"action":"close_item","params":{"resolution":"x"}}`, []string{"unknown_field"}, ""},
-		{"FieldInOtherCase", `{"Category":"general","priority":"low","confidence":1,"action":"close_item","params":{"resolution":"x"}}`, []string{"unknown_field"}, ""},
+		{"FieldInOtherCase", `{"Category":"general","priority":"low","confidence":1,"action":"close_item","params":{"resolution":"x"}}`, []string{"unknown_field", "missing_category"}, ""},
 		{"DuplicateKey", `{"category":"general","category":"complaint","priority":"low","confidence":1,"action":"close_item","params":{"resolution":"x"}}`, []string{"duplicate_field"}, ""},
 		{"Missing", `{"category":"general"}`, []string{"missing_priority", "missing_confidence", "missing_action", "missing_params"}, ""},
 		{"ConfidenceSeven", `{"category":"general","priority":"low","confidence":7,"action":"close_item","params":{"resolution":"x"}}`, []string{"confidence_out_of_range"}, ""},
@@ -125,7 +125,7 @@ func TestCheckDraft(t *testing.T) {
 		{"BadTone", `{"subject":"s","body":"b","tone":"threatening"}`, []string{"params_invalid"}, ""},
 		{"SubjectTooLong", `{"subject":"` + strings.Repeat("s", 301) + `","body":"b"}`, []string{"params_invalid"}, ""},
 		{"BodyTooLong", `{"subject":"s","body":"` + strings.Repeat("b", 20001) + `"}`, []string{"params_invalid"}, ""},
-		{"NumberBody", `{"subject":"s","body":5}`, []string{"wrong_type"}, ""},
+		{"NumberBody", `{"subject":"s","body":5}`, []string{"params_invalid"}, ""},
 		{"NotJSON", `Dear customer, thanks.`, []string{"not_json"}, ""},
 		{"NulInBodyRefusedByCatalogue", `{"subject":"s","body":"b\u0000c"}`, []string{"params_invalid"}, ""},
 		{"EscapeInSubject", `{"subject":"s\u001b[31m","body":"b"}`, []string{"control_chars"}, ""},
@@ -227,8 +227,8 @@ func TestLongBodyIsCutAndSaid(t *testing.T) {
 	if err := json.Unmarshal([]byte(emailJSON(e)), &got); err != nil {
 		t.Fatal(err)
 	}
-	if !got.BodyTruncated || len([]rune(got.Body)) != maxPromptBodyRunes {
-		t.Fatalf("truncated %v, %d runes", got.BodyTruncated, len([]rune(got.Body)))
+	if !slices.Equal(got.Truncated, []string{"body"}) || len([]rune(got.Body)) != maxPromptBodyRunes {
+		t.Fatalf("truncated %v, %d runes", got.Truncated, len([]rune(got.Body)))
 	}
 }
 
@@ -264,6 +264,30 @@ func TestSchemas(t *testing.T) {
 	for _, bad := range []string{"send_reply", "create_job", "verify_"} {
 		if strings.Contains(sys, bad) {
 			t.Fatalf("the prompt shows %s:\n%s", bad, sys)
+		}
+	}
+}
+
+// A repair names every problem of an answer, not only the first one found.
+func TestRepairNamesEveryProblem(t *testing.T) {
+	t.Parallel()
+	tn := tenant()
+	acts := choices(tn, 1)
+	_, ps := checkClassification(`{"category":"lottery_win","priority":"critical","confidence":"high","action":"close_item",`+
+		`"params":{"resolution":5,"bcc":"x@evil.example"},"requires_approval":false}`, tn, 1, acts)
+	m := repairMessage(ps)
+	for _, want := range []string{`"category" must be exactly one of`, `"priority" must be exactly one of`, `"confidence"`,
+		"a field the schema does not allow", `Parameter "resolution" of close_item`, "not a parameter of close_item"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("the repair message does not say %q:\n%s", want, m)
+		}
+	}
+	a, _ := catalogue.Lookup(1, catalogue.DraftReply)
+	_, ps = checkDraft(`{"subject":"`+strings.Repeat("s", 301)+`","body":5,"tone":"threatening","cc":"all@customer.example"}`, tn, 1, a)
+	m = repairMessage(ps)
+	for _, want := range []string{`Parameter "subject"`, `Parameter "body"`, `Parameter "tone"`, "not a parameter of draft_reply"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("the draft repair message does not say %q:\n%s", want, m)
 		}
 	}
 }

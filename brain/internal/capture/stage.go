@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"time"
+
+	"github.com/google/uuid"
 
 	"n8nbrain/brain/internal/engine"
 	"n8nbrain/brain/internal/model"
@@ -73,7 +76,7 @@ func defaultOptions(step string) map[string]any {
 // test hook simulated a crash) and is left for a re-drive.
 func (s *Stage) Triage(ctx context.Context, in *engine.Input, rt engine.Runtime) (engine.Outcome, error) {
 	if in.Item.Email == nil {
-		return engine.Escalate(in, unassessed(), engine.ReasonNoRuleMatched), nil
+		return engine.Escalate(in, engine.Unassessed(), engine.ReasonNoRuleMatched), nil
 	}
 	r := &run{s: s, in: in, rt: rt, ctx: ctx,
 		log: s.log.With("tenant_id", in.Tenant.ID, "turn_key", subjects.TurnKey(in.Item.ID, in.Turn))}
@@ -87,7 +90,7 @@ func (s *Stage) Triage(ctx context.Context, in *engine.Input, rt engine.Runtime)
 	}
 	if reason != "" {
 		s.usage.escalated(in.Tenant.ID, reason)
-		return engine.Escalate(in, unassessed(), reason), nil
+		return engine.Escalate(in, engine.Unassessed(), reason), nil
 	}
 	a := wire.Assessment{Category: c.Category, Priority: c.Priority, Confidence: c.Confidence, Source: "model"}
 	if c.Action == "" {
@@ -112,7 +115,9 @@ func (s *Stage) Triage(ctx context.Context, in *engine.Input, rt engine.Runtime)
 		// changed before a re-drive resumed from the checkpoint.
 		return engine.Escalate(in, a, engine.ReasonActionNotAdmitted), nil
 	}
-	return proposal(a, p), nil
+	// The engine's gate (guard) re-admits it and applies the tenant's
+	// autonomy: what the model chose stops for a human.
+	return engine.Proposed(a, p), nil
 }
 
 // modelContext ends model calls Reserve before the turn's deadline.
@@ -128,25 +133,6 @@ func (s *Stage) modelContext(ctx context.Context) (context.Context, context.Canc
 	return context.WithDeadline(ctx, dl.Add(-reserve))
 }
 
-func unassessed() wire.Assessment {
-	return wire.Assessment{Category: "unclassified", Priority: "normal", Confidence: 0, Source: "none"}
-}
-
-// proposal is the outcome of an admitted action, with the status the
-// action implies (the engine's guard re-admits it and re-derives approval).
-func proposal(a wire.Assessment, p engine.Proposal) engine.Outcome {
-	out := engine.Outcome{Assessment: a, Action: &p, Status: wire.WorkItemStatusOpen, ActionState: engine.ActionStateSent}
-	switch {
-	case p.Action.RequiresApproval:
-		out.Status, out.ActionState = wire.WorkItemStatusAwaitingApproval, engine.ActionStatePending
-	case p.Action.Name == catalogue.EscalateItem:
-		out.Status, out.NeedsHuman = wire.WorkItemStatusEscalated, true
-	case p.Action.Name == catalogue.CloseItem:
-		out.Status = wire.WorkItemStatusClosed
-	}
-	return out
-}
-
 // run is one turn through the stage.
 type run struct {
 	s    *Stage
@@ -157,13 +143,35 @@ type run struct {
 	log  *slog.Logger
 }
 
-// checkpoint is a finished step's output. Failed is set when the step ended
-// without a usable answer after paying for its calls (invalid twice), so a
-// re-drive does not pay again.
+// firstAnswer suffixes the key of a step's first answer when it needs a
+// repair: checkpoints are written once per key (the first save wins), so
+// each round of a step has its own.
+const firstAnswer = ":1"
+
+// checkpoint is a step's saved state. Under the step's key it is what the
+// step concluded: Classification or Draft, or Failed with the reason when
+// the step ended without a usable answer after paying for calls (invalid
+// twice, or the model failed), so a re-drive does not pay again. Under the
+// step's key plus firstAnswer it is a first answer that needs a repair,
+// with the problems to name (Repair). Calls are the calls the round cost:
+// the checkpoint is saved before anything else that can fail after a paid
+// call, then the calls are written to the ledger, and written again from
+// the checkpoint by every re-drive (their call ids make that a no-op once
+// they are in): a paid call is recorded once and never paid for twice
+// because our own bookkeeping failed.
 type checkpoint struct {
-	Classification *classification `json:"classification,omitempty"`
-	Draft          json.RawMessage `json:"draft,omitempty"`
-	Failed         string          `json:"failed,omitempty"`
+	Classification *classification    `json:"classification,omitempty"`
+	Draft          json.RawMessage    `json:"draft,omitempty"`
+	Failed         string             `json:"failed,omitempty"`
+	Repair         []savedProblem     `json:"repair,omitempty"`
+	Attempts       int                `json:"attempts,omitempty"` // calls the step made so far
+	Calls          []engine.ModelCall `json:"calls,omitempty"`
+}
+
+// savedProblem is a problem in a checkpoint; its text is ours (see problem).
+type savedProblem struct {
+	Code string `json:"code"`
+	Text string `json:"text"`
 }
 
 func (r *run) load(step string) (*checkpoint, error) {
@@ -193,50 +201,27 @@ func (r *run) save(step string, cp checkpoint) error {
 }
 
 func (r *run) classify() (classification, string, error) {
-	cp, err := r.load(StepClassify)
-	if err != nil {
-		return classification{}, "", err
-	}
-	if cp != nil {
-		if cp.Failed != "" {
-			return classification{}, cp.Failed, nil
-		}
-		if cp.Classification != nil {
-			return *cp.Classification, "", nil
-		}
-	}
 	t, v := r.in.Tenant, r.in.Item.CatalogueVersion
 	acts := choices(t, v)
 	system, user := classifyMessages(t, r.in.Item.Email, acts)
 	var c classification
-	reason, err := r.ask(StepClassify, PromptClassify, system, user, classifySchema(t, acts), func(content string) []problem {
+	cp, reason, err := r.step(StepClassify, PromptClassify, system, user, classifySchema(t, acts), func(content string) []problem {
 		var ps []problem
 		c, ps = checkClassification(content, t, v, acts)
 		return ps
-	})
-	if err != nil || reason == engine.ReasonBudgetExhausted || reason == engine.ReasonModelUnavailable {
-		// Nothing concluded: a later re-drive may ask again.
+	}, func() checkpoint { return checkpoint{Classification: &c} })
+	switch {
+	case err != nil || reason != "":
 		return classification{}, reason, err
+	case cp.Failed != "":
+		return classification{}, cp.Failed, nil
+	case cp.Classification == nil:
+		return classification{}, "", fmt.Errorf("checkpoint %s holds no classification", StepClassify)
 	}
-	if reason != "" {
-		return classification{}, reason, r.save(StepClassify, checkpoint{Failed: reason})
-	}
-	return c, "", r.save(StepClassify, checkpoint{Classification: &c})
+	return *cp.Classification, "", nil
 }
 
 func (r *run) draft(c classification) (json.RawMessage, string, error) {
-	cp, err := r.load(StepDraft)
-	if err != nil {
-		return nil, "", err
-	}
-	if cp != nil {
-		if cp.Failed != "" {
-			return nil, cp.Failed, nil
-		}
-		if cp.Draft != nil {
-			return cp.Draft, "", nil
-		}
-	}
 	t, v := r.in.Tenant, r.in.Item.CatalogueVersion
 	a, ok := catalogue.Lookup(v, catalogue.DraftReply)
 	if !ok {
@@ -244,24 +229,50 @@ func (r *run) draft(c classification) (json.RawMessage, string, error) {
 	}
 	system, user := draftMessages(r.in.Item.Email, a, c.Category, c.Priority)
 	var params json.RawMessage
-	reason, err := r.ask(StepDraft, PromptDraft, system, user, draftSchema(a), func(content string) []problem {
+	cp, reason, err := r.step(StepDraft, PromptDraft, system, user, draftSchema(a), func(content string) []problem {
 		var ps []problem
 		params, ps = checkDraft(content, t, v, a)
 		return ps
-	})
-	if err != nil || reason == engine.ReasonBudgetExhausted || reason == engine.ReasonModelUnavailable {
+	}, func() checkpoint { return checkpoint{Draft: params} })
+	switch {
+	case err != nil || reason != "":
 		return nil, reason, err
+	case cp.Failed != "":
+		return nil, cp.Failed, nil
+	case cp.Draft == nil:
+		return nil, "", fmt.Errorf("checkpoint %s holds no draft", StepDraft)
 	}
-	if reason != "" {
-		return nil, reason, r.save(StepDraft, checkpoint{Failed: reason})
-	}
-	return params, "", r.save(StepDraft, checkpoint{Draft: params})
+	return cp.Draft, "", nil
 }
 
-// ask runs a step's chat with at most one repair. check validates an answer
-// (and keeps the accepted value). It returns "" when an answer was
-// accepted, or the reason to escalate.
-func (r *run) ask(step, version, system, user string, schema json.RawMessage, check func(string) []problem) (string, error) {
+// step runs a step's chat with at most one repair, resuming from its
+// checkpoints (see checkpoint). check validates an answer (keeping the
+// accepted value) and accepted makes the step's checkpoint of it. It
+// returns the step's concluding checkpoint, or a reason to escalate for
+// which nothing was concluded (over budget, or the breaker refused the
+// call): a later re-drive may ask again.
+func (r *run) step(step, version, system, user string, schema json.RawMessage, check func(string) []problem, accepted func() checkpoint) (*checkpoint, string, error) {
+	if cp, err := r.load(step); err != nil || cp != nil {
+		if cp != nil {
+			err = r.recordAll(step, cp.Calls)
+		}
+		return cp, "", err
+	}
+	first, err := r.load(step + firstAnswer)
+	if err != nil {
+		return nil, "", err
+	}
+	var repair []problem
+	attempts := 0
+	if first != nil {
+		if err := r.recordAll(step, first.Calls); err != nil {
+			return nil, "", err
+		}
+		attempts = first.Attempts
+		for _, p := range first.Repair {
+			repair = append(repair, problem{p.Code, p.Text})
+		}
+	}
 	t := r.in.Tenant
 	name := t.ModelName
 	if name == "" {
@@ -269,70 +280,101 @@ func (r *run) ask(step, version, system, user string, schema json.RawMessage, ch
 	}
 	opts := defaultOptions(step)
 	maps.Copy(opts, t.ModelOptions)
-	req := model.Request{
-		Model:    name,
-		Messages: []model.Message{{Role: model.RoleSystem, Content: system}, {Role: model.RoleUser, Content: user}},
-		Format:   schema,
-		Options:  opts,
-	}
-	attempt := 0
-	for round := 1; ; round++ {
-		if reason, err := r.budget(step); reason != "" || err != nil {
-			return reason, err
+	question := []model.Message{{Role: model.RoleSystem, Content: system}, {Role: model.RoleUser, Content: user}}
+	for {
+		req := model.Request{Model: name, Messages: question, Format: schema, Options: opts}
+		if repair != nil {
+			req.Messages = append(slices.Clip(question), model.Message{Role: model.RoleUser, Content: repairMessage(repair)})
 		}
-		resp, err := r.s.chat.Chat(r.mctx, req)
+		if reason, err := r.budget(step, req); reason != "" || err != nil {
+			return nil, reason, err
+		}
 		var ps []problem
-		if err == nil {
-			ps = check(resp.Content)
-			if resp.DoneReason == "length" {
+		req.Check = func(content, doneReason string) bool {
+			ps = check(content)
+			if doneReason == "length" {
 				ps = append(ps, problem{"truncated", "The answer was cut off at the output limit: keep it shorter."})
 			}
+			return len(ps) == 0
 		}
-		for i, c := range resp.Calls {
-			attempt++
-			outcome := c.Outcome
-			if err == nil && i == len(resp.Calls)-1 && len(ps) > 0 {
-				outcome = model.OutcomeInvalidOutput
-			}
-			r.s.usage.add(t.ID, c.PromptTokens+c.OutputTokens, outcome)
-			if rerr := r.record(engine.ModelCall{Step: step, Attempt: attempt, Model: name,
-				PromptVersion: version, PromptTokens: c.PromptTokens, OutputTokens: c.OutputTokens,
-				Latency: c.Latency, Outcome: string(outcome)}); rerr != nil {
-				return "", fmt.Errorf("record model call of step %s: %w", step, rerr)
-			}
+		resp, err := r.s.chat.Chat(r.mctx, req)
+		calls := r.calls(step, version, name, resp.Calls, &attempts)
+		if err != nil && r.ctx.Err() != nil {
+			// The turn itself ended: nothing is concluded and a re-drive
+			// asks again; the calls made are still recorded.
+			return nil, "", errors.Join(fmt.Errorf("model step %s: %w", step, err), r.recordAll(step, calls))
 		}
-		if err != nil {
-			if r.ctx.Err() != nil {
-				return "", fmt.Errorf("model step %s: %w", step, err)
-			}
-			// Down, failing, refusing, too slow for the turn, or the breaker
-			// is open: visible, never a guess.
+		key, cp := step, checkpoint{}
+		switch {
+		case err != nil && len(calls) == 0:
+			// The breaker refused: nothing was paid for or concluded.
 			r.log.Warn("model unavailable; item escalated", "step", step, "model", name, "error", unavailableCause(err))
-			return engine.ReasonModelUnavailable, nil
+			return nil, engine.ReasonModelUnavailable, nil
+		case err != nil:
+			// Down, failing, refusing, or too slow for the turn: visible, never a guess.
+			r.log.Warn("model unavailable; item escalated", "step", step, "model", name, "error", unavailableCause(err))
+			cp.Failed = engine.ReasonModelUnavailable
+		case len(ps) == 0:
+			cp = accepted()
+		case repair == nil:
+			r.log.Info("model output invalid; asking for a repair", "step", step, "attempt", attempts, "problems", codes(ps))
+			key = step + firstAnswer
+			for _, p := range ps {
+				cp.Repair = append(cp.Repair, savedProblem{p.code, p.text})
+			}
+		default:
+			r.log.Warn("model output invalid after repair; item escalated", "step", step, "attempt", attempts, "problems", codes(ps))
+			cp.Failed = engine.ReasonModelOutputInvalid
 		}
-		if len(ps) == 0 {
-			return "", nil
+		cp.Attempts, cp.Calls = attempts, calls
+		// First the answer, then the ledger: a ledger write that fails
+		// re-drives the turn, which resumes here without paying again.
+		if err := r.save(key, cp); err != nil {
+			return nil, "", err
 		}
-		if round == 2 {
-			r.log.Warn("model output invalid after repair; item escalated", "step", step, "attempt", attempt, "problems", codes(ps))
-			return engine.ReasonModelOutputInvalid, nil
+		if err := r.recordAll(step, calls); err != nil {
+			return nil, "", err
 		}
-		r.log.Info("model output invalid; asking for a repair", "step", step, "attempt", attempt, "problems", codes(ps))
-		req.Messages = append(req.Messages, model.Message{Role: model.RoleUser, Content: repairMessage(ps)})
+		if key == step {
+			return &cp, "", nil
+		}
+		repair = ps
 	}
 }
 
-// record writes a ledger row. A call is paid for even when the turn's
-// context has ended meanwhile, so the row is written regardless, briefly.
-func (r *run) record(c engine.ModelCall) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 5*time.Second)
-	defer cancel()
-	return r.rt.RecordModelCall(ctx, c)
+// calls turns the HTTP calls of one chat into ledger rows, numbering them
+// after the step's earlier attempts, and adds them to the running totals.
+func (r *run) calls(step, version, name string, made []model.Call, attempts *int) []engine.ModelCall {
+	out := make([]engine.ModelCall, 0, len(made))
+	for _, c := range made {
+		*attempts++
+		r.s.usage.add(r.in.Tenant.ID, c.PromptTokens+c.OutputTokens, c.Outcome)
+		out = append(out, engine.ModelCall{CallID: uuid.NewString(), Step: step, Attempt: *attempts, Model: name,
+			PromptVersion: version, PromptTokens: c.PromptTokens, OutputTokens: c.OutputTokens,
+			Latency: c.Latency, Outcome: string(c.Outcome)})
+	}
+	return out
 }
 
-// budget says whether the tenant's daily token budget allows another call.
-// A budget of 0 means unlimited.
-func (r *run) budget(step string) (string, error) {
+// recordAll writes ledger rows; a row already written is not written again.
+// A call is paid for even when the turn's context has ended meanwhile, so
+// the rows are written regardless, briefly.
+func (r *run) recordAll(step string, calls []engine.ModelCall) error {
+	for _, c := range calls {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 5*time.Second)
+		err := r.rt.RecordModelCall(ctx, c)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("record model call of step %s: %w", step, err)
+		}
+	}
+	return nil
+}
+
+// budget says whether what is left of the tenant's daily token budget
+// covers the call: its estimated prompt (estimateTokens) plus the most it
+// may answer (outputAllowance). A budget of 0 means unlimited.
+func (r *run) budget(step string, req model.Request) (string, error) {
 	limit := r.in.Tenant.DailyTokenBudget
 	if limit <= 0 {
 		return "", nil
@@ -341,8 +383,10 @@ func (r *run) budget(step string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("model tokens used today: %w", err)
 	}
-	if used >= limit {
-		r.log.Warn("daily model token budget exhausted; item escalated", "step", step, "used", used, "budget", limit)
+	need := estimateTokens(req.Messages) + outputAllowance(req.Options)
+	if used+need > limit {
+		r.log.Warn("daily model token budget cannot cover the call; item escalated", "step", step,
+			"used", used, "needed", need, "budget", limit)
 		return engine.ReasonBudgetExhausted, nil
 	}
 	return "", nil

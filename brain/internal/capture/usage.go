@@ -26,11 +26,11 @@ type usage struct {
 	by map[registry.TenantID]*TenantUsage
 }
 
-func (u *usage) add(t registry.TenantID, tokens int, outcome model.Outcome) {
+func (u *usage) add(t registry.TenantID, tokens int64, outcome model.Outcome) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	tu := u.tenant(t)
-	tu.Tokens += int64(tokens)
+	tu.Tokens += tokens
 	tu.Calls[outcome]++
 }
 

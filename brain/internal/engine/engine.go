@@ -4,7 +4,9 @@
 // slots in behind the Model interface. Whatever a stage proposes passes one
 // gate, admit, before it can leave the engine: the action must exist in the
 // item's pinned catalogue version, be enabled for the tenant, and have valid
-// parameters; requires_approval always comes from the catalogue.
+// parameters; requires_approval comes from the catalogue, and, for what the
+// model stage chose, from the tenant's autonomy (under assist every such
+// action stops for a human). Nothing a stage or a model says can lower it.
 package engine
 
 import (
@@ -85,8 +87,8 @@ type Approval struct {
 	Status ApprovalStatus
 	// ApprovedSHA256 is the hash of the text a human approved (after any edit).
 	ApprovedSHA256 string
-	// Approved is the content a human approved: the edited parameters after
-	// an edit, the proposed ones otherwise; nil until approved.
+	// Approved is the content a human approved: the edited parameters if
+	// edited, else the proposed ones.
 	Approved   json.RawMessage
 	ProposedAt time.Time
 }
@@ -103,6 +105,11 @@ type Input struct {
 type Proposal struct {
 	Action catalogue.Action
 	Params json.RawMessage
+	// RequiresApproval is whether this proposal stops for a human: the
+	// catalogue's flag, raised (never lowered) by the tenant's autonomy for
+	// what the model chose, and cleared only when a human already approved
+	// this very action and the turn carries it out.
+	RequiresApproval bool
 }
 
 // Outcome is the engine's decision for a turn.
@@ -142,12 +149,15 @@ type Runtime interface {
 
 // ModelCall is one ledger row: counts and timings, never prompt or content.
 type ModelCall struct {
+	// CallID identifies the HTTP call; writing the same call twice (after a
+	// failure, from a checkpoint) records it once.
+	CallID        string
 	Step          string
 	Attempt       int
 	Model         string
 	PromptVersion string
-	PromptTokens  int
-	OutputTokens  int
+	PromptTokens  int64
+	OutputTokens  int64
 	Latency       time.Duration
 	Outcome       string // ok, invalid_output, error, timeout
 }
@@ -188,7 +198,7 @@ func (e *Engine) triage(ctx context.Context, in *Input, rt Runtime) (Outcome, er
 		return e.fromRule(in, rule), nil
 	}
 	if e.model == nil {
-		return Escalate(in, unassessed(), ReasonNoRuleMatched), nil
+		return Escalate(in, Unassessed(), ReasonNoRuleMatched), nil
 	}
 	out, err := e.model.Triage(ctx, in, rt)
 	if err != nil {
@@ -209,11 +219,18 @@ func (e *Engine) fromRule(in *Input, r *registry.Rule) Outcome {
 	if p.Action.FollowUp {
 		return Escalate(in, a, ReasonActionNotAdmitted)
 	}
-	return proposed(a, p)
+	return Proposed(a, p)
 }
 
-// guard re-admits whatever a model stage proposed: a stage that forgot to
-// admit, or a double that returns anything, still cannot leave the closed set.
+// guard is the admission gate of everything the model stage proposes. It
+// re-admits the action (a stage that forgot to admit, or a double that
+// returns anything, still cannot leave the closed set) and applies the
+// tenant's autonomy: under assist, every action the model chose is
+// AI-generated and stops for a human, whatever the catalogue says of it.
+// The one exception is escalate_item, whose whole effect is to hand the
+// item to a human: approving a hand-over to a human would only ask the
+// same human twice. (The stage's own fallbacks, Escalate with a reason, are
+// escalate_item too, and stop for a human the same way.)
 func (e *Engine) guard(in *Input, out Outcome) Outcome {
 	if out.Action == nil {
 		return out
@@ -224,21 +241,28 @@ func (e *Engine) guard(in *Input, out Outcome) Outcome {
 		// triage proposing one, with whatever approval id it made up, is refused.
 		return Escalate(in, out.Assessment, ReasonActionNotAdmitted)
 	}
-	out.Action = &p
-	if p.Action.RequiresApproval {
-		out.Status = wire.WorkItemStatusAwaitingApproval
-		out.ActionState = ActionStatePending
-	} else if out.ActionState == "" || out.ActionState == ActionStatePending {
-		out.ActionState = ActionStateSent
+	if p.Action.Name != catalogue.EscalateItem && in.Tenant.Autonomy.ModelActionsNeedApproval() {
+		p.RequiresApproval = true
 	}
-	return out
+	if !p.RequiresApproval {
+		out.Action = &p
+		if out.ActionState == "" || out.ActionState == ActionStatePending {
+			out.ActionState = ActionStateSent
+		}
+		return out
+	}
+	// Stopped for a human: whatever the stage said the action would do to
+	// the item (close it, say) waits for the approval.
+	return Outcome{Assessment: out.Assessment, Action: &p, Status: wire.WorkItemStatusAwaitingApproval,
+		ActionState: ActionStatePending}
 }
 
-// proposed is the outcome of proposing an admitted action.
-func proposed(a wire.Assessment, p Proposal) Outcome {
+// Proposed is the outcome of proposing an admitted action: awaiting
+// approval when it requires one, else what the action does to the item.
+func Proposed(a wire.Assessment, p Proposal) Outcome {
 	out := Outcome{Assessment: a, Action: &p, Status: wire.WorkItemStatusOpen, ActionState: ActionStateSent}
 	switch {
-	case p.Action.RequiresApproval:
+	case p.RequiresApproval:
 		out.Status = wire.WorkItemStatusAwaitingApproval
 		out.ActionState = ActionStatePending
 	case p.Action.Name == catalogue.EscalateItem:
@@ -279,7 +303,7 @@ func Admit(t *registry.Tenant, v catalogue.Version, name catalogue.Name, params 
 		}
 		return Proposal{}, err
 	}
-	return Proposal{Action: a, Params: canon}, nil
+	return Proposal{Action: a, Params: canon, RequiresApproval: a.RequiresApproval}, nil
 }
 
 // Escalate hands the item to a human with a reason: with escalate_item when
@@ -294,8 +318,11 @@ func Escalate(in *Input, a wire.Assessment, reason string) Outcome {
 	return out
 }
 
-func unassessed() wire.Assessment {
-	return wire.Assessment{Category: "unclassified", Priority: "normal", Confidence: 0, Source: "none"}
+// Unassessed is the assessment of an item nothing assessed (no confident
+// rule, no usable model answer): the reserved category
+// wire.CategoryUnclassified, priority normal, confidence 0, source none.
+func Unassessed() wire.Assessment {
+	return wire.Assessment{Category: wire.CategoryUnclassified, Priority: "normal", Confidence: 0, Source: "none"}
 }
 
 func carried(it Item) wire.Assessment {
@@ -330,7 +357,7 @@ func (e *Engine) onResult(in *Input, lr *wire.LatestResult) (Outcome, error) {
 		if v, params, ok := verification(last, it.LastActionParams); ok {
 			p, err := Admit(in.Tenant, it.CatalogueVersion, v, params)
 			if err == nil {
-				out := proposed(a, p)
+				out := Proposed(a, p)
 				out.ActionState = ActionStateVerifying
 				return out, nil
 			}
@@ -390,12 +417,15 @@ func (e *Engine) onResume(in *Input) Outcome {
 	return Outcome{Assessment: a, Status: it.Status, Reason: ReasonAwaitingHuman, NeedsHuman: true, ActionState: it.ActionState}
 }
 
-// afterApproval turns an approved draft into the action that executes it.
+// afterApproval turns an approved proposal into the action that carries it
+// out: an approved draft becomes send_reply (the approved hash, never the
+// text itself); any other approved action (create_job, or what the model
+// chose under assist, close_item say) is proposed again with exactly the
+// parameters the human approved, now without requiring approval.
 func (e *Engine) afterApproval(in *Input, a wire.Assessment) Outcome {
 	it := in.Item
 	ap := it.Approval
-	switch it.LastAction {
-	case catalogue.DraftReply:
+	if it.LastAction == catalogue.DraftReply {
 		if it.ApprovalMode == registry.ApprovalModeMailbox {
 			// The human sends from the mailbox; nothing for us to send.
 			return Outcome{Assessment: a, Status: wire.WorkItemStatusAwaitingApproval, Reason: ReasonAwaitingHuman,
@@ -410,21 +440,17 @@ func (e *Engine) afterApproval(in *Input, a wire.Assessment) Outcome {
 		if err != nil {
 			return Escalate(in, a, ReasonActionNotAdmitted)
 		}
-		return proposed(a, p)
-	case catalogue.CreateJob:
-		// The approved job itself is executed now: as the human edited it.
-		params := it.LastActionParams
-		if len(ap.Approved) > 0 {
-			params = ap.Approved
-		}
-		p, err := Admit(in.Tenant, it.CatalogueVersion, catalogue.CreateJob, params)
-		if err != nil {
-			return Escalate(in, a, ReasonActionNotAdmitted)
-		}
-		out := Outcome{Assessment: a, Action: &p, Status: wire.WorkItemStatusOpen, ActionState: ActionStateSent}
-		return out
+		return Proposed(a, p)
 	}
-	return Escalate(in, a, ReasonActionNotAdmitted)
+	if it.LastAction == "" || len(ap.Approved) == 0 || wire.ContentSHA256(ap.Approved) != ap.ApprovedSHA256 {
+		return Escalate(in, a, ReasonActionNotAdmitted)
+	}
+	p, err := Admit(in.Tenant, it.CatalogueVersion, it.LastAction, ap.Approved)
+	if err != nil || p.Action.FollowUp {
+		return Escalate(in, a, ReasonActionNotAdmitted)
+	}
+	p.RequiresApproval = false // approved: this turn carries it out
+	return Proposed(a, p)
 }
 
 // Halt is the outcome of a turn past the tenant's ceiling: the item stops

@@ -106,8 +106,103 @@ func TestGuardReadmitsModelProposals(t *testing.T) {
 			if got.Action == nil || got.Action.Action.Name != tt.wantAction || got.Status != tt.wantStatus {
 				t.Fatalf("got %+v", got)
 			}
-			if got.Action.Action.RequiresApproval != (tt.wantAction == catalogue.DraftReply) {
-				t.Fatal("requires_approval not from the catalogue")
+			if got.Action.RequiresApproval != (tt.wantAction == catalogue.DraftReply) {
+				t.Fatal("requires_approval: the catalogue's for a draft, none for an escalation")
+			}
+		})
+	}
+}
+
+// Under assist, every action a model stage proposes stops for a human at
+// the gate, whatever the stage claimed about it; escalate_item hands the
+// item to a human already. Rules act as the catalogue says.
+func TestGuardAppliesAssistAutonomy(t *testing.T) {
+	t.Parallel()
+	tn := tenant(catalogue.DraftReply, catalogue.CreateJob, catalogue.EscalateItem, catalogue.CloseItem)
+	tn.Autonomy = registry.AutonomyAssist
+	job := `{"description":"d","external_ref":"r","title":"t"}`
+	for _, tt := range []struct {
+		action catalogue.Name
+		params string
+		status wire.WorkItemStatus
+		needs  bool
+	}{
+		{catalogue.DraftReply, `{"body":"b","subject":"s"}`, wire.WorkItemStatusAwaitingApproval, true},
+		{catalogue.CreateJob, job, wire.WorkItemStatusAwaitingApproval, true},
+		{catalogue.CloseItem, `{"resolution":"spam"}`, wire.WorkItemStatusAwaitingApproval, true},
+		{catalogue.EscalateItem, `{"reason":"unsure"}`, wire.WorkItemStatusEscalated, false},
+	} {
+		t.Run(string(tt.action), func(t *testing.T) {
+			t.Parallel()
+			a, _ := catalogue.Lookup(1, tt.action)
+			// The stage claims no approval and an outcome of its own.
+			claimed := Proposal{Action: a, Params: json.RawMessage(tt.params), RequiresApproval: false}
+			claimed.Action.RequiresApproval = false
+			status := wire.WorkItemStatusClosed
+			if tt.action == catalogue.EscalateItem {
+				status = wire.WorkItemStatusEscalated
+			}
+			e := New(stageFunc(func() (Outcome, error) {
+				return Outcome{Action: &claimed, Status: status, NeedsHuman: tt.action == catalogue.EscalateItem, ActionState: ActionStateSent}, nil
+			}))
+			in := &Input{Tenant: tn, Item: Item{New: true, CatalogueVersion: 1, Email: &wire.Email{From: "a@b"}}, Request: &wire.TurnSubmitRequest{}}
+			got, err := e.Decide(context.Background(), in, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Action == nil || got.Action.Action.Name != tt.action || got.Action.RequiresApproval != tt.needs || got.Status != tt.status {
+				t.Fatalf("got %+v (action %+v)", got, got.Action)
+			}
+			if tt.needs && (got.ActionState != ActionStatePending || got.NeedsHuman) {
+				t.Fatalf("awaiting approval with state %s, needs_human %v", got.ActionState, got.NeedsHuman)
+			}
+		})
+	}
+	// A rule's close_item acts alone, as the catalogue says.
+	tn.Rules = []registry.Rule{{Name: "invoices", Match: registry.Match{SubjectKeywords: []string{"invoice"}}, Category: "general",
+		Priority: "low", Action: catalogue.CloseItem, Params: json.RawMessage(`{"resolution":"accounts"}`), Confidence: 0.9}}
+	in := &Input{Tenant: tn, Item: Item{New: true, CatalogueVersion: 1, Email: &wire.Email{From: "a@b", Subject: "Invoice 12"}}, Request: &wire.TurnSubmitRequest{}}
+	got, err := New(stageFunc(func() (Outcome, error) { t.Fatal("the model stage ran"); return Outcome{}, nil })).Decide(context.Background(), in, nil)
+	if err != nil || got.Action == nil || got.Action.RequiresApproval || got.Status != wire.WorkItemStatusClosed {
+		t.Fatalf("rule: %+v %v", got, err)
+	}
+}
+
+// After a human approved an action other than a draft, the next turn
+// carries out exactly the approved parameters (the edited ones when
+// edited), without asking again; content that does not match the approved
+// hash is never carried out.
+func TestAfterApprovalCarriesOutTheApprovedAction(t *testing.T) {
+	t.Parallel()
+	tn := tenant(catalogue.CreateJob, catalogue.EscalateItem, catalogue.CloseItem)
+	edited := json.RawMessage(`{"description":"d2","external_ref":"r","title":"t2"}`)
+	for _, tt := range []struct {
+		name     string
+		last     catalogue.Name
+		approved json.RawMessage
+		hash     string
+		action   catalogue.Name
+		status   wire.WorkItemStatus
+	}{
+		{"CloseItem", catalogue.CloseItem, json.RawMessage(`{"resolution":"spam"}`), "", catalogue.CloseItem, wire.WorkItemStatusClosed},
+		{"EditedJob", catalogue.CreateJob, edited, "", catalogue.CreateJob, wire.WorkItemStatusOpen},
+		{"TamperedContent", catalogue.CloseItem, json.RawMessage(`{"resolution":"spam"}`), string(make64('d')), catalogue.EscalateItem, wire.WorkItemStatusEscalated},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			hash := tt.hash
+			if hash == "" {
+				hash = wire.ContentSHA256(tt.approved)
+			}
+			in := &Input{Tenant: tn, Request: &wire.TurnSubmitRequest{}, Item: Item{CatalogueVersion: 1, Status: wire.WorkItemStatusAwaitingApproval,
+				LastAction: tt.last, LastActionParams: json.RawMessage(`{"resolution":"what the model proposed"}`), ApprovalMode: registry.ApprovalModeReviewApp,
+				Approval: &Approval{ID: "0b6f1a9e-5f1c-4d0e-9a59-3f8f5c1d2e3a", Status: ApprovalStatusApproved, ApprovedSHA256: hash, Approved: tt.approved, ProposedAt: time.Now()}}}
+			out, err := New(nil).Decide(context.Background(), in, nil)
+			if err != nil || out.Action == nil || out.Action.Action.Name != tt.action || out.Status != tt.status || out.Action.RequiresApproval {
+				t.Fatalf("got %+v %v", out, err)
+			}
+			if tt.action == tt.last && string(out.Action.Params) != string(tt.approved) {
+				t.Fatalf("carries out %s, the human approved %s", out.Action.Params, tt.approved)
 			}
 		})
 	}

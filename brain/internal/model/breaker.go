@@ -4,15 +4,18 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/sony/gobreaker/v2"
 )
 
 // BreakerConfig tunes the circuit breaker. The zero value of a field means
 // its default.
 type BreakerConfig struct {
-	// Window is how far back calls count. Default 30s.
+	// Window is how far back calls count (a rolling window of ten buckets).
+	// Default 30s.
 	Window time.Duration
-	// MinCalls is how many calls in the window it takes before the failure
-	// ratio means anything. Default 5.
+	// MinCalls is how many finished calls in the window it takes before the
+	// failure ratio means anything. Default 5.
 	MinCalls int
 	// FailureRatio opens the breaker when failures/calls in the window reach
 	// it. Default 0.5.
@@ -20,8 +23,6 @@ type BreakerConfig struct {
 	// CoolDown is how long an open breaker refuses calls before it lets one
 	// probe through (half-open). Default 30s.
 	CoolDown time.Duration
-	// NowFunc is the clock (tests); default time.Now.
-	NowFunc func() time.Time
 }
 
 func (c BreakerConfig) withDefaults() BreakerConfig {
@@ -37,11 +38,12 @@ func (c BreakerConfig) withDefaults() BreakerConfig {
 	if c.CoolDown <= 0 {
 		c.CoolDown = 30 * time.Second
 	}
-	if c.NowFunc == nil {
-		c.NowFunc = time.Now
-	}
 	return c
 }
+
+// windowBuckets is how finely the rolling window moves: a call leaves the
+// window at most Window/windowBuckets late.
+const windowBuckets = 10
 
 // BreakerState is where the breaker stands.
 type BreakerState string
@@ -49,16 +51,18 @@ type BreakerState string
 const (
 	BreakerClosed   BreakerState = "closed"    // calls go through
 	BreakerOpen     BreakerState = "open"      // calls are refused until the cool-down is over
-	BreakerHalfOpen BreakerState = "half_open" // one probe call is in flight; the others are refused
+	BreakerHalfOpen BreakerState = "half_open" // the cool-down is over: one probe call may go through; the others are refused
 )
 
 // Result is what a call that the breaker let through tells it.
 type Result int
 
 const (
-	// ResultSuccess: the server answered (a 4xx too: it is reachable).
+	// ResultSuccess: the server answered usably (a 4xx too: it is reachable
+	// and refused this request, not every request).
 	ResultSuccess Result = iota
-	// ResultFailure: transport error, timeout or 5xx.
+	// ResultFailure: transport error, timeout, 5xx, or an answer the caller
+	// could not use (a server answering 200 with garbage is failing too).
 	ResultFailure
 	// ResultIgnore: the caller gave up (its context ended); says nothing about the server.
 	ResultIgnore
@@ -67,139 +71,78 @@ const (
 // ErrBreakerOpen: the breaker refused the call without making it.
 var ErrBreakerOpen = errors.New("model circuit breaker is open")
 
-// maxWindowCalls bounds the memory of the window under high call rates.
-const maxWindowCalls = 1024
+// The errors our results are reported to gobreaker as.
+var (
+	errCallFailed  = errors.New("model call failed")
+	errCallIgnored = errors.New("model call abandoned by its caller")
+)
 
-// Breaker is a circuit breaker on the failure ratio of calls over a sliding
-// time window. Closed, it lets every call through and opens when the ratio
-// reaches the threshold; open, it refuses calls for the cool-down; then one
-// probe goes through (half-open): success closes it, failure opens it again.
+// Breaker is a circuit breaker on the failure ratio of calls over a rolling
+// time window: closed, it lets every call through and opens when the ratio
+// reaches the threshold over at least MinCalls calls; open, it refuses
+// calls for the cool-down; then one probe goes through (half-open): success
+// closes it, failure opens it again, an abandoned probe lets the next call
+// probe. The state machine is github.com/sony/gobreaker/v2's; this type maps
+// our configuration and call results onto it.
 type Breaker struct {
-	cfg BreakerConfig
-	// onChange, when set, is called (without the lock held) on every state
-	// change, for logs.
-	onChange func(from, to BreakerState)
-
-	mu       sync.Mutex
-	state    BreakerState
-	calls    []call // in the window, oldest first
-	openedAt time.Time
+	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
 }
 
-type call struct {
-	at     time.Time
-	failed bool
-}
-
-// NewBreaker returns a closed breaker. onChange may be nil.
+// NewBreaker returns a closed breaker. onChange, when not nil, is called on
+// every state change (for logs); it must not call back into the breaker.
 func NewBreaker(cfg BreakerConfig, onChange func(from, to BreakerState)) *Breaker {
-	return &Breaker{cfg: cfg.withDefaults(), onChange: onChange, state: BreakerClosed}
+	cfg = cfg.withDefaults()
+	st := gobreaker.Settings{
+		Name:         "model",
+		MaxRequests:  1, // one probe when half-open
+		Interval:     cfg.Window,
+		BucketPeriod: max(cfg.Window/windowBuckets, time.Millisecond),
+		Timeout:      cfg.CoolDown,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			done := c.TotalSuccesses + c.TotalFailures
+			return done >= uint32(cfg.MinCalls) && float64(c.TotalFailures) >= cfg.FailureRatio*float64(done)
+		},
+		IsExcluded: func(err error) bool { return errors.Is(err, errCallIgnored) },
+	}
+	if onChange != nil {
+		st.OnStateChange = func(_ string, from, to gobreaker.State) { onChange(state(from), state(to)) }
+	}
+	return &Breaker{cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](st)}
 }
 
-// State returns the breaker's state (an open breaker whose cool-down is
-// over still reports open until a call probes it).
-func (b *Breaker) State() BreakerState {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.state
+func state(s gobreaker.State) BreakerState {
+	switch s {
+	case gobreaker.StateOpen:
+		return BreakerOpen
+	case gobreaker.StateHalfOpen:
+		return BreakerHalfOpen
+	}
+	return BreakerClosed
 }
+
+// State returns the breaker's state. An open breaker whose cool-down is
+// over reports half_open: the next call will probe.
+func (b *Breaker) State() BreakerState { return state(b.cb.State()) }
 
 // Allow asks to make one call. It returns ErrBreakerOpen, or a done func
 // that the caller must call exactly once with the call's result.
 func (b *Breaker) Allow() (done func(Result), err error) {
-	b.mu.Lock()
-	from := b.state
-	switch b.state {
-	case BreakerHalfOpen:
-		b.mu.Unlock()
-		return nil, ErrBreakerOpen // a probe is in flight
-	case BreakerOpen:
-		if b.cfg.NowFunc().Sub(b.openedAt) < b.cfg.CoolDown {
-			b.mu.Unlock()
-			return nil, ErrBreakerOpen
-		}
-		b.state = BreakerHalfOpen
-		b.mu.Unlock()
-		b.changed(from, BreakerHalfOpen)
-		return b.onceDone(b.probeDone), nil
+	report, err := b.cb.Allow()
+	if err != nil {
+		// gobreaker.ErrOpenState, or ErrTooManyRequests while a probe is in flight.
+		return nil, ErrBreakerOpen
 	}
-	b.mu.Unlock()
-	return b.onceDone(b.record), nil
-}
-
-func (b *Breaker) onceDone(f func(Result)) func(Result) {
 	var once sync.Once
-	return func(r Result) { once.Do(func() { f(r) }) }
-}
-
-// record books a call made while closed.
-func (b *Breaker) record(r Result) {
-	if r == ResultIgnore {
-		return
-	}
-	b.mu.Lock()
-	if b.state != BreakerClosed {
-		// The breaker opened while this call was in flight; its result is
-		// already accounted for by the calls that opened it.
-		b.mu.Unlock()
-		return
-	}
-	now := b.cfg.NowFunc()
-	b.calls = append(b.calls, call{at: now, failed: r == ResultFailure})
-	b.prune(now)
-	failed := 0
-	for _, c := range b.calls {
-		if c.failed {
-			failed++
-		}
-	}
-	n := len(b.calls)
-	if n < b.cfg.MinCalls || float64(failed)/float64(n) < b.cfg.FailureRatio {
-		b.mu.Unlock()
-		return
-	}
-	b.state, b.openedAt, b.calls = BreakerOpen, now, b.calls[:0]
-	b.mu.Unlock()
-	b.changed(BreakerClosed, BreakerOpen)
-}
-
-// probeDone books the half-open probe.
-func (b *Breaker) probeDone(r Result) {
-	b.mu.Lock()
-	var to BreakerState
-	switch r {
-	case ResultSuccess:
-		to = BreakerClosed
-		b.calls = b.calls[:0]
-	case ResultFailure:
-		to = BreakerOpen
-		b.openedAt = b.cfg.NowFunc()
-	default:
-		// The prober gave up: the cool-down counts as over, so the next
-		// call probes again.
-		to = BreakerOpen
-	}
-	b.state = to
-	b.mu.Unlock()
-	b.changed(BreakerHalfOpen, to)
-}
-
-// prune drops calls older than the window, and the oldest beyond the cap.
-func (b *Breaker) prune(now time.Time) {
-	i := 0
-	for i < len(b.calls) && now.Sub(b.calls[i].at) > b.cfg.Window {
-		i++
-	}
-	if over := len(b.calls) - i - maxWindowCalls; over > 0 {
-		i += over
-	}
-	if i > 0 {
-		b.calls = append(b.calls[:0], b.calls[i:]...)
-	}
-}
-
-func (b *Breaker) changed(from, to BreakerState) {
-	if b.onChange != nil && from != to {
-		b.onChange(from, to)
-	}
+	return func(r Result) {
+		once.Do(func() {
+			switch r {
+			case ResultSuccess:
+				report(nil)
+			case ResultIgnore:
+				report(errCallIgnored)
+			default:
+				report(errCallFailed)
+			}
+		})
+	}, nil
 }

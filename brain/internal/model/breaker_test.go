@@ -7,37 +7,58 @@ import (
 	"time"
 )
 
-// clock is a hand-driven time source.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// These tests check how our configuration and call results map onto
+// gobreaker's state machine; gobreaker's own tests cover the machine. The
+// library reads the real clock, so the tests that need time to pass use
+// short windows and poll the breaker's state (a real condition) with a
+// deadline.
 
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-// step is one event of a breaker scenario: advance the clock, then make a
-// call with a result (or expect a refusal), then check the state.
+// step is one event of a scenario: make a call with a result (or expect a
+// refusal), then check the state.
 type step struct {
-	advance time.Duration
 	result  Result
 	refused bool // the call must be refused
 	want    BreakerState
 }
 
-func TestBreaker(t *testing.T) {
+func run(t *testing.T, b *Breaker, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		done, err := b.Allow()
+		if s.refused {
+			if !errors.Is(err, ErrBreakerOpen) {
+				t.Fatalf("step %d: want a refusal, got %v", i, err)
+			}
+		} else {
+			if err != nil {
+				t.Fatalf("step %d: refused: %v", i, err)
+			}
+			done(s.result)
+		}
+		if s.want != "" {
+			if got := b.State(); got != s.want {
+				t.Fatalf("step %d: state %s, want %s", i, got, s.want)
+			}
+		}
+	}
+}
+
+// waitState polls the breaker until it reports want.
+func waitState(t *testing.T, b *Breaker, want BreakerState) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.State() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("breaker still %s after 5s, want %s", b.State(), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestBreakerRatioOverMinCalls(t *testing.T) {
 	t.Parallel()
 	ok, fail, ignore := ResultSuccess, ResultFailure, ResultIgnore
-	cfg := BreakerConfig{Window: 30 * time.Second, MinCalls: 5, FailureRatio: 0.5, CoolDown: 10 * time.Second}
+	cfg := BreakerConfig{Window: time.Hour, MinCalls: 5, FailureRatio: 0.5, CoolDown: time.Hour}
 	for _, tc := range []struct {
 		name  string
 		steps []step
@@ -56,79 +77,82 @@ func TestBreaker(t *testing.T) {
 			{result: fail, want: BreakerClosed}, {result: ok, want: BreakerClosed}, {result: ok, want: BreakerClosed},
 			{result: ok, want: BreakerClosed}, {result: fail, want: BreakerClosed}, {result: ok, want: BreakerClosed},
 		}},
-		{"OldFailuresLeaveTheWindow", []step{
-			{result: fail, want: BreakerClosed}, {result: fail, want: BreakerClosed}, {result: fail, want: BreakerClosed},
-			{result: fail, want: BreakerClosed},
-			{advance: 31 * time.Second, result: fail, want: BreakerClosed}, // the first four are gone
-			{result: ok, want: BreakerClosed},
-		}},
 		{"IgnoredCallsDoNotCount", []step{
 			{result: ignore, want: BreakerClosed}, {result: ignore, want: BreakerClosed}, {result: ignore, want: BreakerClosed},
 			{result: ignore, want: BreakerClosed}, {result: fail, want: BreakerClosed},
-		}},
-		{"ProbeSuccessCloses", []step{
-			{result: fail}, {result: fail}, {result: fail}, {result: fail}, {result: fail, want: BreakerOpen},
-			{advance: 9 * time.Second, refused: true, want: BreakerOpen},
-			{advance: time.Second, result: ok, want: BreakerClosed},
-			{result: fail, want: BreakerClosed}, // a fresh window
-		}},
-		{"ProbeFailureReopensForAnotherCoolDown", []step{
-			{result: fail}, {result: fail}, {result: fail}, {result: fail}, {result: fail, want: BreakerOpen},
-			{advance: 10 * time.Second, result: fail, want: BreakerOpen},
-			{advance: 9 * time.Second, refused: true, want: BreakerOpen},
-			{advance: time.Second, result: ok, want: BreakerClosed},
-		}},
-		{"AbandonedProbeLetsTheNextCallProbe", []step{
-			{result: fail}, {result: fail}, {result: fail}, {result: fail}, {result: fail, want: BreakerOpen},
-			{advance: 10 * time.Second, result: ignore, want: BreakerOpen},
-			{result: ok, want: BreakerClosed},
+			{result: fail}, {result: fail}, {result: fail}, {result: fail, want: BreakerOpen},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clk := &clock{now: time.Unix(1_700_000_000, 0)}
-			c := cfg
-			c.NowFunc = clk.Now
-			b := NewBreaker(c, nil)
-			for i, s := range tc.steps {
-				clk.Advance(s.advance)
-				done, err := b.Allow()
-				if s.refused {
-					if !errors.Is(err, ErrBreakerOpen) {
-						t.Fatalf("step %d: want a refusal, got %v", i, err)
-					}
-				} else {
-					if err != nil {
-						t.Fatalf("step %d: refused: %v", i, err)
-					}
-					done(s.result)
-				}
-				if s.want != "" {
-					if got := b.State(); got != s.want {
-						t.Fatalf("step %d: state %s, want %s", i, got, s.want)
-					}
-				}
-			}
+			run(t, NewBreaker(cfg, nil), tc.steps)
 		})
 	}
 }
 
+// Failures older than the window no longer count.
+func TestBreakerOldFailuresLeaveTheWindow(t *testing.T) {
+	t.Parallel()
+	b := NewBreaker(BreakerConfig{Window: 100 * time.Millisecond, MinCalls: 5, CoolDown: time.Hour}, nil)
+	run(t, b, []step{{result: ResultFailure}, {result: ResultFailure}, {result: ResultFailure}, {result: ResultFailure, want: BreakerClosed}})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b.State() // moves the rolling window to now
+		if b.cb.Counts().TotalFailures == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("failures still in a 100ms window after 5s: %+v", b.cb.Counts())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Four fresh failures are four, not eight: still below MinCalls.
+	run(t, b, []step{{result: ResultFailure, want: BreakerClosed}, {result: ResultFailure, want: BreakerClosed},
+		{result: ResultFailure, want: BreakerClosed}, {result: ResultFailure, want: BreakerClosed}})
+}
+
+func TestBreakerCoolDownAndProbe(t *testing.T) {
+	t.Parallel()
+	cfg := BreakerConfig{Window: time.Hour, MinCalls: 1, CoolDown: 20 * time.Millisecond}
+	open := func(t *testing.T) *Breaker {
+		b := NewBreaker(cfg, nil)
+		run(t, b, []step{{result: ResultFailure, want: BreakerOpen}, {refused: true, want: BreakerOpen}})
+		waitState(t, b, BreakerHalfOpen)
+		return b
+	}
+	t.Run("ProbeSuccessCloses", func(t *testing.T) {
+		t.Parallel()
+		b := open(t)
+		run(t, b, []step{{result: ResultSuccess, want: BreakerClosed}})
+	})
+	t.Run("ProbeFailureReopens", func(t *testing.T) {
+		t.Parallel()
+		b := open(t)
+		run(t, b, []step{{result: ResultFailure, want: BreakerOpen}, {refused: true}})
+		waitState(t, b, BreakerHalfOpen)
+	})
+	t.Run("AbandonedProbeLetsTheNextCallProbe", func(t *testing.T) {
+		t.Parallel()
+		b := open(t)
+		run(t, b, []step{{result: ResultIgnore, want: BreakerHalfOpen}, {result: ResultSuccess, want: BreakerClosed}})
+	})
+}
+
 func TestBreakerHalfOpenLetsOneProbeThrough(t *testing.T) {
 	t.Parallel()
-	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	var mu sync.Mutex
 	var changes []string
-	b := NewBreaker(BreakerConfig{MinCalls: 1, CoolDown: time.Second, NowFunc: clk.Now}, func(from, to BreakerState) {
+	b := NewBreaker(BreakerConfig{MinCalls: 1, CoolDown: 20 * time.Millisecond}, func(from, to BreakerState) {
+		mu.Lock()
+		defer mu.Unlock()
 		changes = append(changes, string(from)+">"+string(to))
 	})
 	done, _ := b.Allow()
 	done(ResultFailure)
-	clk.Advance(time.Second)
+	waitState(t, b, BreakerHalfOpen)
 	probe, err := b.Allow()
 	if err != nil {
 		t.Fatal(err)
-	}
-	if b.State() != BreakerHalfOpen {
-		t.Fatalf("state %s, want half_open", b.State())
 	}
 	if _, err := b.Allow(); !errors.Is(err, ErrBreakerOpen) {
 		t.Fatalf("a second call during the probe: %v, want refused", err)
@@ -138,6 +162,8 @@ func TestBreakerHalfOpenLetsOneProbeThrough(t *testing.T) {
 	if b.State() != BreakerClosed {
 		t.Fatalf("state %s, want closed", b.State())
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	want := []string{"closed>open", "open>half_open", "half_open>closed"}
 	if len(changes) != len(want) {
 		t.Fatalf("changes %v, want %v", changes, want)

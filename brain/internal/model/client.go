@@ -103,6 +103,13 @@ type Request struct {
 	// output: the server constrains generation to it).
 	Format  json.RawMessage
 	Options map[string]any
+	// Check, when set, tells whether an answer is usable (content and
+	// Ollama's done_reason). An unusable answer is recorded invalid_output
+	// and, unless it was only cut off at num_predict (done_reason "length"),
+	// counts as a failure for the circuit breaker: a server answering 200
+	// with output its caller cannot use is failing too. It is called once
+	// per answer, before Chat returns.
+	Check func(content, doneReason string) bool
 }
 
 // Outcome of one call, as the ledger records it.
@@ -112,15 +119,32 @@ const (
 	OutcomeOK      Outcome = "ok"
 	OutcomeError   Outcome = "error"
 	OutcomeTimeout Outcome = "timeout"
-	// OutcomeInvalidOutput is the caller's verdict on an answer that came
-	// back fine but does not validate; the client never returns it.
+	// OutcomeInvalidOutput: the call was answered, but Request.Check
+	// refused the answer.
 	OutcomeInvalidOutput Outcome = "invalid_output"
 )
 
+// MaxCallTokens bounds each token count a server reports for one call.
+// No model served by Ollama has a context anywhere near ten million
+// tokens, so a larger count is a server's bug, not usage; it is clamped (and
+// logged) so that it can neither overflow the ledger nor any sum of it.
+const MaxCallTokens = 10_000_000
+
+// clampTokens keeps a reported token count within [0, MaxCallTokens].
+func clampTokens(n int) (int64, bool) {
+	switch {
+	case n < 0:
+		return 0, true
+	case n > MaxCallTokens:
+		return MaxCallTokens, true
+	}
+	return int64(n), false
+}
+
 // Call is what one HTTP call cost.
 type Call struct {
-	PromptTokens int // Ollama's prompt_eval_count
-	OutputTokens int // Ollama's eval_count
+	PromptTokens int64 // Ollama's prompt_eval_count, clamped to [0, MaxCallTokens]
+	OutputTokens int64 // Ollama's eval_count, clamped likewise
 	Latency      time.Duration
 	Outcome      Outcome
 }
@@ -174,6 +198,7 @@ func (e *Error) Is(target error) bool {
 // Client calls one Ollama server.
 type Client struct {
 	cfg     Config
+	log     *slog.Logger
 	api     *api.Client
 	breaker *Breaker
 	slots   chan struct{} // MaxConcurrent calls in flight
@@ -200,7 +225,7 @@ func New(cfg Config, log *slog.Logger) (*Client, error) {
 			ExpectContinueTimeout: time.Second,
 		}}
 	}
-	c := &Client{cfg: cfg, api: api.NewClient(u, hc), slots: make(chan struct{}, cfg.MaxConcurrent)}
+	c := &Client{cfg: cfg, log: log, api: api.NewClient(u, hc), slots: make(chan struct{}, cfg.MaxConcurrent)}
 	c.breaker = NewBreaker(cfg.Breaker, func(from, to BreakerState) {
 		lvl := slog.LevelInfo
 		if to == BreakerOpen {
@@ -235,7 +260,8 @@ func (c *Client) Ping(ctx context.Context) (string, error) {
 
 // Chat sends one chat (stream off) and returns the answer. Transport errors
 // and 5xx are retried once; timeouts are not (a server too slow to answer
-// in time would only be asked to do the same work again), nor are 4xx.
+// in time would only be asked to do the same work again), nor are 4xx, nor
+// answers that req.Check refuses (a repair is the caller's to ask).
 // A failure is an *Error (errors.Is ErrUnavailable) unless ctx itself ended,
 // which returns ctx's error. The Response lists the calls made either way.
 func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
@@ -252,6 +278,16 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 			return resp, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
 		}
 		got, call, res, retry, err := c.once(ctx, req)
+		if err == nil && req.Check != nil && !req.Check(got.Message.Content, got.DoneReason) {
+			call.Outcome = OutcomeInvalidOutput
+			// An answer cut off at num_predict is the server doing as it was
+			// told (an e-mail can ask for a reply longer than the cap); any
+			// other unusable answer from a server that is meant to follow
+			// the JSON schema means the server or model is broken.
+			if got.DoneReason != "length" {
+				res = ResultFailure
+			}
+		}
 		done(res)
 		<-c.slots
 		resp.Calls = append(resp.Calls, call)
@@ -309,7 +345,14 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 		err = errors.New("empty response")
 	}
 	if err == nil {
-		call.Outcome, call.PromptTokens, call.OutputTokens = OutcomeOK, max(got.PromptEvalCount, 0), max(got.EvalCount, 0)
+		var pc, oc bool
+		call.Outcome = OutcomeOK
+		call.PromptTokens, pc = clampTokens(got.PromptEvalCount)
+		call.OutputTokens, oc = clampTokens(got.EvalCount)
+		if pc || oc {
+			c.log.Warn("model server reported an implausible token count; clamped",
+				"prompt_tokens", got.PromptEvalCount, "output_tokens", got.EvalCount, "max", MaxCallTokens)
+		}
 		return got, call, ResultSuccess, false, nil
 	}
 	call.Outcome = OutcomeError

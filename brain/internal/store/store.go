@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -287,6 +288,7 @@ func CheckpointPut(ctx context.Context, q DBTX, workItemID string, turn int, ste
 
 // ModelCall is one row of the model-call ledger.
 type ModelCall struct {
+	CallID        string // a UUID; empty for none
 	TenantID      string
 	WorkItemID    string
 	Turn          int
@@ -294,25 +296,32 @@ type ModelCall struct {
 	Attempt       int
 	Model         string
 	PromptVersion string
-	PromptTokens  int
-	OutputTokens  int
+	PromptTokens  int64
+	OutputTokens  int64
 	Latency       time.Duration
 	Outcome       string
 }
 
 // ModelCallInsert records a model call. It runs outside the turn's final
 // transaction on purpose: a call is paid for even if the turn later fails.
+// A call with a CallID is recorded once however often it is inserted.
 func ModelCallInsert(ctx context.Context, q DBTX, c ModelCall) error {
+	var callID *string
+	if c.CallID != "" {
+		callID = &c.CallID
+	}
+	latency := min(max(c.Latency.Milliseconds(), 0), math.MaxInt32)
 	_, err := q.Exec(ctx, `INSERT INTO model_calls (tenant_id, work_item_id, turn, step, attempt, model, prompt_version,
-		prompt_tokens, output_tokens, latency_ms, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		prompt_tokens, output_tokens, latency_ms, outcome, call_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		ON CONFLICT (call_id) DO NOTHING`,
 		c.TenantID, c.WorkItemID, c.Turn, c.Step, c.Attempt, c.Model, c.PromptVersion, c.PromptTokens, c.OutputTokens,
-		c.Latency.Milliseconds(), c.Outcome)
+		latency, c.Outcome, callID)
 	return translate(err, "insert model call")
 }
 
 // ModelTokensSince sums prompt and output tokens of calls since t.
 func ModelTokensSince(ctx context.Context, q DBTX, t time.Time) (int64, error) {
 	var n int64
-	err := q.QueryRow(ctx, `SELECT COALESCE(sum(prompt_tokens + output_tokens), 0) FROM model_calls WHERE created_at >= $1`, t).Scan(&n)
+	err := q.QueryRow(ctx, `SELECT COALESCE(sum(prompt_tokens + output_tokens), 0)::bigint FROM model_calls WHERE created_at >= $1`, t).Scan(&n)
 	return n, translate(err, "sum model tokens")
 }

@@ -295,11 +295,21 @@ func envelope(req *wire.TurnSubmitRequest, in *engine.Input, out engine.Outcome)
 		Status:           out.Status,
 		Reason:           out.Reason,
 		Assessment:       out.Assessment,
+		Autonomy:         string(autonomy(in.Tenant.Autonomy)),
 	}
 	if a := out.Action; a != nil {
-		r.Action = &wire.Action{Name: string(a.Action.Name), Params: a.Params, RequiresApproval: a.Action.RequiresApproval}
+		r.Action = &wire.Action{Name: string(a.Action.Name), Params: a.Params, RequiresApproval: a.RequiresApproval}
 	}
 	return r
+}
+
+// autonomy is the level the envelope reports: the registry's, or assist
+// for a value the brain does not know (the engine treats it as assist).
+func autonomy(a registry.Autonomy) registry.Autonomy {
+	if !a.Valid() {
+		return registry.AutonomyAssist
+	}
+	return a
 }
 
 func nextItem(in *engine.Input, prev store.WorkItem, out engine.Outcome, req *wire.TurnSubmitRequest) store.WorkItem {
@@ -370,7 +380,7 @@ func (r *runtime) Save(ctx context.Context, step string, output []byte) error {
 func (r *runtime) RecordModelCall(ctx context.Context, c engine.ModelCall) error {
 	return store.ModelCallInsert(ctx, r.q, store.ModelCall{TenantID: string(r.tenant), WorkItemID: r.workItemID,
 		Turn: r.turn, Step: c.Step, Attempt: c.Attempt, Model: c.Model, PromptVersion: c.PromptVersion,
-		PromptTokens: c.PromptTokens, OutputTokens: c.OutputTokens, Latency: c.Latency, Outcome: c.Outcome})
+		PromptTokens: c.PromptTokens, OutputTokens: c.OutputTokens, Latency: c.Latency, Outcome: c.Outcome, CallID: c.CallID})
 }
 
 func (r *runtime) TokensToday(ctx context.Context) (int64, error) {
