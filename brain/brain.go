@@ -25,6 +25,7 @@ import (
 	"n8nbrain/brain/internal/model"
 	"n8nbrain/brain/internal/outbox"
 	"n8nbrain/brain/internal/tenancy"
+	"n8nbrain/brain/internal/timer"
 	"n8nbrain/brain/internal/turn"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
@@ -56,6 +57,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Sealer:         sealer,
 		PerTenantConns: cfg.DBConnsPerTenant,
 		MaxConns:       cfg.DBMaxConns,
+		IdleTimeout:    cfg.DBIdleTimeout,
 		Refresh:        cfg.RegistryRefresh,
 	}, log)
 	if err != nil {
@@ -91,11 +93,12 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		m = stage
 	}
 	eng := engine.New(m)
-	fwd := outbox.New(outbox.Config{Interval: cfg.EventInterval, RetryBase: cfg.EventRetryBase, RetryMax: cfg.EventRetryMax}, dir, nc, log)
-	approvals := approval.New(dir, fwd.Kick, log)
+	timers := timer.New(js)
+	fwd := outbox.New(outbox.Config{RetryBase: cfg.EventRetryBase, RetryMax: cfg.EventRetryMax}, dir, timers, nc, log)
+	approvals := approval.New(dir, timers, fwd.Kick, log)
 	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks(cfg.Hooks), log)
 	sched := fair.New[queued](cfg.TenantWorkers)
-	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc, approvals: approvals, model: mc, stage: stage,
+	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc, approvals: approvals, outbox: fwd, model: mc, stage: stage,
 		sched: sched, consumers: newConsumers(js, sched, log)}
 
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -103,7 +106,8 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = dir.Run(runCtx) })
 	wg.Go(func() { fwd.Run(runCtx) })
-	wg.Go(func() { b.sweep(runCtx) })
+	wg.Go(func() { b.consumeDue(runCtx) })
+	wg.Go(func() { b.reconcile(runCtx) })
 
 	api := b.newAPIServer()
 	b.consumers.api = api
@@ -167,6 +171,7 @@ type brain struct {
 	proc *turn.Processor
 	// approvals serves the tenant API and takes part in every turn.
 	approvals *approval.Approvals
+	outbox    *outbox.Forwarder
 	// model and stage are nil when the brain runs rules only.
 	model *model.Client
 	stage *capture.Stage
@@ -215,23 +220,38 @@ func modelStage(ctx context.Context, cfg ModelConfig, log *slog.Logger) (*model.
 	return mc, stage, nil
 }
 
-// sweep expires approvals past their expiry until ctx is done. Every
-// replica sweeps; store.ApprovalSweep makes each expiry happen once.
-func (b *brain) sweep(ctx context.Context) {
-	t := time.NewTicker(b.cfg.SweepInterval)
-	defer t.Stop()
+// reconcile is the timers' safety net: every cfg.ReconcileInterval it
+// visits every tenant once, spread evenly over the interval (never a burst
+// of pools): it sweeps expired approvals, sets every pending approval's
+// expiry timer again and forwards undelivered events, which sets the
+// outbox timer. It repairs the timers a replica that died between a commit
+// and its wake-up left unset; in normal work the timers do everything.
+func (b *brain) reconcile(ctx context.Context) {
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		tenants := b.dir.Tenants()
+		step := b.cfg.ReconcileInterval / time.Duration(max(len(tenants), 1))
+		for _, t := range tenants {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(step):
+			}
+			if t.Status != registry.TenantStatusActive {
+				continue
+			}
+			if err := b.approvals.Reconcile(ctx, t); err != nil && ctx.Err() == nil {
+				b.log.Warn("reconcile approvals", "tenant_id", t.ID, "error", err)
+			}
+			if err := b.outbox.Forward(ctx, t); err != nil && ctx.Err() == nil {
+				b.log.Warn("reconcile events", "tenant_id", t.ID, "error", err)
+			}
 		}
-		n, err := b.approvals.Sweep(ctx, b.dir.Tenants())
-		if err != nil && ctx.Err() == nil {
-			b.log.Warn("sweep expired approvals", "error", err)
-		}
-		if n > 0 {
-			b.log.Info("approvals expired and re-queued for a human", "count", n)
+		if len(tenants) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(step):
+			}
 		}
 	}
 }

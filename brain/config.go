@@ -43,20 +43,24 @@ type Config struct {
 	// BRAIN_DB_CONNS_PER_TENANT (default 4), BRAIN_DB_MAX_CONNS (default 64).
 	DBConnsPerTenant int32
 	DBMaxConns       int
-	// RegistryRefresh is the safety-net reload interval of the registry. Default 30s.
+	// DBIdleTimeout closes a tenant's pool idle that long, so an idle tenant
+	// holds no connection. BRAIN_DB_IDLE_TIMEOUT, default 2m.
+	DBIdleTimeout time.Duration
+	// RegistryRefresh is the safety-net reload interval of the registry
+	// (changes arrive through LISTEN within moments). Default 2m.
 	RegistryRefresh time.Duration
 	// OpsAddr serves /healthz, /readyz and /metrics. BRAIN_OPS_ADDR, default off.
 	OpsAddr string
 	// OpsListener, when set, is used instead of listening on OpsAddr (tests).
 	OpsListener net.Listener
-	// SweepInterval is how often this replica expires approvals past their
-	// expiry. BRAIN_SWEEP_INTERVAL, default 30s.
-	SweepInterval time.Duration
-	// EventInterval is how often the outbox is scanned for events to
-	// (re-)publish; EventRetryBase and EventRetryMax space re-publishes of an
-	// event no edge acked (base·2^attempts, at most max).
-	// BRAIN_EVENT_INTERVAL (2s), BRAIN_EVENT_RETRY_BASE (2s), BRAIN_EVENT_RETRY_MAX (5m).
-	EventInterval  time.Duration
+	// ReconcileInterval is how long the timers' safety net takes to visit
+	// every tenant once (timers bring expiries and event re-deliveries at
+	// their time; this repairs a timer lost with a replica that died between
+	// a commit and its wake-up). BRAIN_RECONCILE_INTERVAL, default 30m.
+	ReconcileInterval time.Duration
+	// EventRetryBase and EventRetryMax space re-publishes of an event no edge
+	// acked (base·2^attempts, at most max). BRAIN_EVENT_RETRY_BASE (2s),
+	// BRAIN_EVENT_RETRY_MAX (5m).
 	EventRetryBase time.Duration
 	EventRetryMax  time.Duration
 	// Model configures the model stage; without a URL the brain runs rules only.
@@ -131,8 +135,8 @@ func (c Config) withDefaults() Config {
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
-	if c.SweepInterval == 0 {
-		c.SweepInterval = 30 * time.Second
+	if c.ReconcileInterval == 0 {
+		c.ReconcileInterval = 30 * time.Minute
 	}
 	if c.Model.Name == "" {
 		c.Model.Name = DefaultModel
@@ -243,11 +247,17 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	durVar("BRAIN_MODEL_BREAKER_WINDOW", &c.Model.BreakerWindow)
 	durVar("BRAIN_MODEL_BREAKER_COOLDOWN", &c.Model.BreakerCoolDown)
 	durVar("BRAIN_TURN_TIMEOUT", &c.TurnTimeout)
-	durVar("BRAIN_SWEEP_INTERVAL", &c.SweepInterval)
-	durVar("BRAIN_EVENT_INTERVAL", &c.EventInterval)
+	durVar("BRAIN_RECONCILE_INTERVAL", &c.ReconcileInterval)
+	durVar("BRAIN_DB_IDLE_TIMEOUT", &c.DBIdleTimeout)
 	durVar("BRAIN_EVENT_RETRY_BASE", &c.EventRetryBase)
 	durVar("BRAIN_EVENT_RETRY_MAX", &c.EventRetryMax)
 	intVar("BRAIN_TENANT_WORKERS", &c.TenantWorkers)
+	for _, gone := range []string{"BRAIN_SWEEP_INTERVAL", "BRAIN_EVENT_INTERVAL"} {
+		if getenv(gone) != "" {
+			errs = append(errs, fmt.Errorf("%s is no longer a setting: approval expiries and event re-deliveries come "+
+				"to the brain by timers at their time; BRAIN_RECONCILE_INTERVAL is the safety net's period; unset it", gone))
+		}
+	}
 	for _, moved := range []string{"BRAIN_STREAM_MAX_AGE", "BRAIN_ACK_WAIT"} {
 		if getenv(moved) != "" {
 			errs = append(errs, fmt.Errorf("%s is no longer a brain setting: each tenant's streams and consumer are "+

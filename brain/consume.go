@@ -23,9 +23,12 @@ import (
 //	brain.turn.<account>.<key>    TURNS_<account> in the STREAMS account, its durable pull
 //	                              consumer "brain" (one per tenant, shared by every
 //	                              replica), pulled through the turn-next import    → fair scheduler → handleTurn
-//	brain.api.<account>.<method>  core request-reply, queue group "brain" (api.go)     → handleAPI
+//	brain.api.<account>.<method>  core request-reply, queue group "brain", a subscription
+//	                              per tenant (api.go)                                  → handleAPI
 //	                              approval.list, approval.get, approval.decide, event.ack,
 //	                              report.outcomes, tenant.limits
+//	brain.due.<account>.<kind>.<id>  SCHEDULES in STREAMS, consumer "brain": a timer fired
+//	                              (expiry.<approval id>, outbox.next)                  → handleDue
 //
 // and every subject it publishes:
 //
@@ -33,7 +36,9 @@ import (
 //	                              stream republishes it to brain.live.<account>.<key>,
 //	                              exported to the tenant's reply.<key>
 //	brain.event.<account>.<id>    outbox events, exported to the tenant's event.<id> (internal/outbox)
-//	$JS.ACK.TURNS_<account>.brain.…  acknowledgements and progress, through the turn-ack import
+//	brain.sched.<account>.<kind>.<id>  a timer (message schedule) into SCHEDULES, through the
+//	                              schedules import (internal/timer)
+//	$JS.ACK.<stream>.brain.…      acknowledgements and progress, through the turn-ack import
 //
 // <account> is written by the NATS server (account token position 3): it is
 // the only source of the tenant's identity.
@@ -199,4 +204,88 @@ func keepAlive(m jetstream.Msg, ackWait time.Duration) func() {
 func redeliveryDelay(delivered uint64) time.Duration {
 	d := time.Second << min(delivered-1, 5)
 	return min(d, 30*time.Second)
+}
+
+// consumeDue takes the brain's timers as they fire (SCHEDULES, consumer
+// "brain", shared by every replica) until ctx is done: an approval's expiry
+// sweeps its tenant, an outbox timer forwards its tenant's due events. It
+// binds to the consumer once provisioning has created it.
+func (b *brain) consumeDue(ctx context.Context) {
+	var cons jetstream.Consumer
+	warned := false
+	for cons == nil {
+		bctx, cancel := context.WithTimeout(ctx, bindTimeout)
+		c, err := b.js.Consumer(bctx, subjects.SchedulesStream, subjects.TurnsConsumer)
+		cancel()
+		if err == nil {
+			cons = c
+			break
+		}
+		if !warned && ctx.Err() == nil {
+			b.log.Warn("no timer stream yet: approval expiries and event re-deliveries wait for it (provisioning creates it); "+
+				"the reconciliation pass still runs", "stream", subjects.SchedulesStream, "error", err)
+			warned = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(missingRetry):
+		}
+	}
+	slots := make(chan struct{}, dueWorkers)
+	var wg sync.WaitGroup
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			b.handleDue(ctx, m)
+		})
+	}, jetstream.PullMaxMessages(dueWorkers), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
+	if err != nil {
+		b.log.Error("consume the timer stream", "error", err)
+		return
+	}
+	<-ctx.Done()
+	cc.Stop()
+	wg.Wait()
+}
+
+// dueWorkers bounds the timers handled at once on a replica.
+const dueWorkers = 4
+
+func (b *brain) handleDue(ctx context.Context, m jetstream.Msg) {
+	account, kind, id, err := subjects.ParseDue(m.Subject())
+	if err != nil {
+		b.log.Error("timer on a malformed subject; dropped", "error", err)
+		_ = m.Term()
+		return
+	}
+	t, ok := b.dir.ByAccount(account)
+	if !ok {
+		// The tenant was deleted: its timers are moot.
+		_ = m.Ack()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.TurnTimeout)
+	defer cancel()
+	log := b.log.With("tenant_id", t.ID, "timer", kind)
+	switch kind {
+	case subjects.DueExpiry:
+		var n int
+		if n, err = b.approvals.Expire(ctx, t, id); n > 0 {
+			log.Info("approvals expired and re-queued for a human", "count", n)
+		}
+	case subjects.DueOutbox:
+		err = b.outbox.Forward(ctx, t)
+	default:
+		log.Error("timer of an unknown kind; dropped")
+		_ = m.Term()
+		return
+	}
+	if err != nil {
+		log.Warn("timer failed; it fires again shortly", "error", err)
+		_ = m.NakWithDelay(5 * time.Second)
+		return
+	}
+	_ = m.Ack()
 }

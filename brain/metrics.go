@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"n8nbrain/brain/internal/model"
+	"n8nbrain/brain/internal/tenancy"
 )
 
 // Why prometheus/client_golang: the de-facto standard exposition library,
@@ -36,6 +37,17 @@ func (b *brain) newMetrics() *prometheus.Registry {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_tenants_consumed",
 		Help: "Tenants whose turn consumer this replica is bound to."}, func() float64 { return float64(b.consumers.count()) }))
 	reg.MustRegister(&tenantLoadCollector{b: b})
+	for _, g := range []struct {
+		name, help string
+		v          func(tenancy.PoolStats) int
+	}{
+		{"brain_db_pools_open", "Tenant database pools open on this replica (idle ones are closed).", func(s tenancy.PoolStats) int { return s.Pools }},
+		{"brain_db_conns", "Tenant database connections of this replica, idle or in use (at most BRAIN_DB_MAX_CONNS).", func(s tenancy.PoolStats) int { return s.Conns }},
+		{"brain_db_conns_in_use", "Tenant database connections of this replica in use.", func(s tenancy.PoolStats) int { return s.Acquired }},
+	} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help},
+			func() float64 { return float64(g.v(b.dir.Stats())) }))
+	}
 	if b.stage != nil {
 		reg.MustRegister(&modelCollector{b: b})
 	}

@@ -37,10 +37,11 @@ IMPORTS=(
   'turn-info|$JS.API.CONSUMER.INFO.*.brain|streams.api.CONSUMER.INFO.*.brain'
   'turn-ack|$JS.ACK.*.brain.>|'
   'replies|brain.reply.>|'
+  'schedules|brain.sched.>|'
 )
 # The brain user (account.Permissions(account.RoleBrain)).
 # shellcheck disable=SC2016 # a NATS subject's $ is literal
-BRAIN_ALLOW_PUB=('streams.api.CONSUMER.MSG.NEXT.*.brain' 'streams.api.CONSUMER.INFO.*.brain' '$JS.ACK.*.brain.>' 'brain.reply.>' 'brain.event.*.>')
+BRAIN_ALLOW_PUB=('streams.api.CONSUMER.MSG.NEXT.*.brain' 'streams.api.CONSUMER.INFO.*.brain' '$JS.ACK.*.brain.>' 'brain.reply.>' 'brain.event.*.>' 'brain.sched.>')
 BRAIN_DENY_PUB=('brain.turn.*.>' 'brain.live.*.>')
 BRAIN_ALLOW_SUB=('_INBOX.>' 'brain.api.*.>')
 BRAIN_MAX_RESPONSES=1

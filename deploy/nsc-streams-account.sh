@@ -9,7 +9,8 @@
 #     tenant's key (DESIGN §3);
 #   * the private exports only the BRAIN account imports, with activation
 #     tokens (deploy/nsc-brain-account.sh): pull and read the turn
-#     consumers, acknowledge turns, store replies. Nothing that creates,
+#     consumers, acknowledge turns, store replies, set timers (message
+#     schedules in SCHEDULES). Nothing that creates,
 #     changes or deletes a stream or a consumer;
 #   * the `provisioner` user, the ops tooling's identity for creating and
 #     deleting tenants' streams (never a runtime credential);
@@ -34,6 +35,7 @@ EXPORTS=(
   'turn-info|service|0|single|$JS.API.CONSUMER.INFO.*.brain'
   'turn-ack|service|0|single|$JS.ACK.*.brain.>'
   'reply-store|service|0|single|brain.reply.>'
+  'schedule-store|service|0|single|brain.sched.>'
 )
 # How long a streamed response's way back is kept without traffic.
 RESPONSE_THRESHOLD=2m

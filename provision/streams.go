@@ -38,6 +38,16 @@ func (s *Streams) EnsureTenant(ctx context.Context, t *registry.Tenant) error {
 	return nil
 }
 
+// EnsureShared creates, or brings up to date, what every tenant shares in
+// the STREAMS account: the brain's schedules stream and its consumer. Safe
+// to repeat; provisioning runs it before the first tenant and on migrate.
+func (s *Streams) EnsureShared(ctx context.Context) error {
+	if s == nil || s.JS == nil {
+		return errors.New("provision: no NATS provisioner connection to create the shared streams with")
+	}
+	return stream.EnsureShared(ctx, s.JS, s.Config)
+}
+
 // DeleteTenant deletes the tenant's streams, consumer and everything they
 // hold (turns and replies of the last window; the database is the record).
 func (s *Streams) DeleteTenant(ctx context.Context, t *registry.Tenant) error {

@@ -55,6 +55,46 @@ func TurnsStream(account string) string { return turnsStreamPrefix + account }
 // ResultsStream is the stream of a tenant's replies, the last one per turn key.
 func ResultsStream(account string) string { return resultsStreamPrefix + account }
 
+// SchedulesStream holds the brain's own timers (approval expiries, event
+// re-deliveries) as JetStream message schedules: work that becomes due is
+// delivered to the brain at its time, so idle tenants cost nothing. Only
+// the brain and provisioning reach it; no tenant imports it.
+const SchedulesStream = "SCHEDULES"
+
+// Schedule kinds: what becomes due.
+const (
+	// DueExpiry: an approval's expiry (id: the approval id).
+	DueExpiry = "expiry"
+	// DueOutbox: a tenant's next undelivered event (id: "next").
+	DueOutbox = "outbox"
+)
+
+const (
+	schedPrefix = "brain.sched."
+	duePrefix   = "brain.due."
+	// ScheduleAll is every schedule subject: the brain's (private) import.
+	ScheduleAll = schedPrefix + ">"
+	// DueAll is every subject a schedule fires on: the brain's consumer's filter.
+	DueAll = duePrefix + ">"
+)
+
+// Schedule is the subject of a schedule: one per subject, so scheduling
+// again replaces it.
+func Schedule(account, kind, id string) string { return schedPrefix + account + "." + kind + "." + id }
+
+// Due is the subject a schedule fires on.
+func Due(account, kind, id string) string { return duePrefix + account + "." + kind + "." + id }
+
+// ParseDue splits brain.due.<account>.<kind>.<id>.
+func ParseDue(subject string) (account, kind, id string, err error) {
+	rest, ok := strings.CutPrefix(subject, duePrefix)
+	parts := strings.Split(rest, ".")
+	if !ok || len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return "", "", "", fmt.Errorf("%w: %q is not brain.due.<account>.<kind>.<id>", ErrSubject, subject)
+	}
+	return parts[0], parts[1], parts[2], nil
+}
+
 // AccountOfTurnsStream returns the account of a turn stream's name.
 func AccountOfTurnsStream(stream string) (string, bool) {
 	return strings.CutPrefix(stream, turnsStreamPrefix)
@@ -166,6 +206,7 @@ func BrainImports() []Import {
 		{Name: "turn-info", From: AccountStreams, Subject: ConsumerInfo, Local: ConsumerInfoLocal, IsService: true},
 		{Name: "turn-ack", From: AccountStreams, Subject: ConsumerAck, IsService: true},
 		{Name: "replies", From: AccountStreams, Subject: ReplyAll, IsService: true},
+		{Name: "schedules", From: AccountStreams, Subject: ScheduleAll, IsService: true},
 	}
 }
 
@@ -194,6 +235,7 @@ func StreamsExports() []Export {
 		{Name: "turn-info", Subject: ConsumerInfo, IsService: true, Private: true},
 		{Name: "turn-ack", Subject: ConsumerAck, IsService: true, Private: true},
 		{Name: "reply-store", Subject: ReplyAll, IsService: true, Private: true},
+		{Name: "schedule-store", Subject: ScheduleAll, IsService: true, Private: true},
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -137,7 +138,9 @@ func (s *Stack) startNATS() error {
 		return err
 	}
 	s.Streams = &provision.Streams{JS: js, Config: s.cfg.Streams}
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return s.Streams.EnsureShared(ctx)
 }
 
 // Tenant is a tenant of the stack with what its edge needs.

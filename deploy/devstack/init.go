@@ -544,6 +544,22 @@ func InitStreams(ctx context.Context, o InitOptions, natsURL string, log *slog.L
 		return 0, err
 	}
 	streams := &provision.Streams{JS: js}
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = streams.EnsureShared(actx)
+		cancel()
+		if err == nil || attempt == 30 || ctx.Err() != nil {
+			break
+		}
+		log.Warn("create the shared streams; retrying", "attempt", attempt, "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
 	for i := range tenants {
 		t := &tenants[i]
 		for attempt := 1; ; attempt++ {

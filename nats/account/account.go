@@ -270,7 +270,8 @@ func Permissions(r Role) jwt.Permissions {
 	var p jwt.Permissions
 	switch r {
 	case RoleBrain:
-		p.Pub.Allow.Add(subjects.ConsumerNextLocal, subjects.ConsumerInfoLocal, subjects.ConsumerAck, subjects.ReplyAll, subjects.EventExport)
+		p.Pub.Allow.Add(subjects.ConsumerNextLocal, subjects.ConsumerInfoLocal, subjects.ConsumerAck, subjects.ReplyAll,
+			subjects.EventExport, subjects.ScheduleAll)
 		// Only imports produce turns; only the results streams produce live
 		// replies. (Neither is in the allow list; the denials say so twice.)
 		p.Pub.Deny.Add(subjects.TurnExport, subjects.LiveExport)

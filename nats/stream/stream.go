@@ -204,3 +204,58 @@ func DeleteTenant(ctx context.Context, js jetstream.JetStream, account string) e
 
 // AckWaitOrDefault is the consumer's ack wait after defaults.
 func (c Config) AckWaitOrDefault() time.Duration { return c.withDefaults().AckWait }
+
+// Schedules is the brain's timer stream (subjects.SchedulesStream): message
+// schedules (ADR-51, nats-server 2.12+) on brain.sched.<account>.<kind>.<id>
+// that fire, at their time, a message on brain.due.<account>.<kind>.<id>
+// for the brain's consumer. One schedule per subject (publishing again
+// replaces it); a fired message lives DueTTL. No MaxAge: a schedule waits as
+// long as its approval may (up to its TTL). DiscardOld, because schedules
+// refuse DiscardNew; MaxBytes bounds it (the brain publishes a schedule per
+// approval and per tenant with undelivered events).
+func Schedules(c Config) jetstream.StreamConfig {
+	c = c.withDefaults()
+	return jetstream.StreamConfig{
+		Name:              subjects.SchedulesStream,
+		Description:       "The brain's timers: approval expiries and event re-deliveries, fired when due.",
+		Subjects:          []string{subjects.ScheduleAll, subjects.DueAll},
+		Retention:         jetstream.LimitsPolicy,
+		Discard:           jetstream.DiscardOld,
+		MaxMsgsPerSubject: 1,
+		MaxBytes:          1 << 30,
+		AllowMsgSchedules: true,
+		AllowMsgTTL:       true,
+		Storage:           c.storage(),
+		Replicas:          c.Replicas,
+	}
+}
+
+// DueTTL is how long a fired schedule's message stays in the stream.
+const DueTTL = time.Hour
+
+// SchedulesConsumer is the durable consumer every brain replica shares on
+// the fired messages.
+func SchedulesConsumer() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       subjects.TurnsConsumer,
+		Description:   "Due timers for every brain replica.",
+		FilterSubject: subjects.DueAll,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		MaxAckPending: 256,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}
+
+// EnsureShared creates or updates what every tenant shares in STREAMS: the
+// schedules stream and its consumer.
+func EnsureShared(ctx context.Context, js jetstream.JetStream, c Config) error {
+	if _, err := js.CreateOrUpdateStream(ctx, Schedules(c)); err != nil {
+		return fmt.Errorf("ensure stream %s: %w", subjects.SchedulesStream, err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, subjects.SchedulesStream, SchedulesConsumer()); err != nil {
+		return fmt.Errorf("ensure consumer %s of %s: %w", subjects.TurnsConsumer, subjects.SchedulesStream, err)
+	}
+	return nil
+}

@@ -26,6 +26,7 @@ import (
 	"n8nbrain/brain/internal/store"
 	"n8nbrain/catalogue"
 	"n8nbrain/registry"
+	"n8nbrain/subjects"
 	"n8nbrain/wire"
 )
 
@@ -38,19 +39,41 @@ type Pools interface {
 	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
 }
 
+// Timers sets a tenant's timers (timer.Timers).
+type Timers interface {
+	At(ctx context.Context, account, kind, id string, t time.Time) error
+}
+
 // Approvals is the approval component of a brain replica. Every time it
-// compares with an expiry is the tenant database's clock.
+// compares with an expiry is the tenant database's clock; the timer that
+// brings an expiry to the brain is only the wake-up.
 type Approvals struct {
-	pools Pools
-	log   *slog.Logger
-	// kick wakes the outbox forwarder after an event was written.
-	kick func()
+	pools  Pools
+	timers Timers
+	log    *slog.Logger
+	// kick wakes the outbox forwarder for a tenant after events were written.
+	kick func(t *registry.Tenant)
 }
 
 // New returns the approval component. kick is called after events are
-// written so they are forwarded without waiting for the next poll.
-func New(pools Pools, kick func(), log *slog.Logger) *Approvals {
-	return &Approvals{pools: pools, log: log, kick: kick}
+// written so they are forwarded at once; timers bring each approval back
+// when it expires.
+func New(pools Pools, timers Timers, kick func(*registry.Tenant), log *slog.Logger) *Approvals {
+	return &Approvals{pools: pools, timers: timers, log: log, kick: kick}
+}
+
+// timerTimeout bounds setting one timer after a commit.
+const timerTimeout = 5 * time.Second
+
+// setExpiry sets the timer of an approval's expiry. A failure is logged, not
+// returned: the commit stands, and the reconciliation pass sets it later.
+func (a *Approvals) setExpiry(ctx context.Context, t *registry.Tenant, approvalID string, at time.Time) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timerTimeout)
+	defer cancel()
+	if err := a.timers.At(ctx, t.NATSAccount, subjects.DueExpiry, approvalID, at); err != nil {
+		a.log.Warn("set an approval's expiry timer; the reconciliation pass sets it later", "tenant_id", t.ID,
+			"approval_id", approvalID, "error", err)
+	}
 }
 
 // Guard refuses a send_reply that does not carry the hash a human approved
@@ -113,6 +136,11 @@ func (a *Approvals) Extend(_ context.Context, t *registry.Tenant, w *store.TurnW
 		}
 		w.Extra = append(w.Extra, store.ApprovalInsert(rec, t.ApprovalTTL))
 		reply.Action.ApprovalID = rec.ID
+		// The database sets expires_at by its clock; a timer a little late
+		// is harmless, and one early finds the approval not yet due and is
+		// set again (Expire).
+		expires := time.Now().Add(t.ApprovalTTL)
+		w.OnCommit(func(ctx context.Context) { a.setExpiry(ctx, t, rec.ID, expires) })
 	}
 	switch out.Status {
 	case wire.WorkItemStatusClosedManual:
@@ -120,7 +148,7 @@ func (a *Approvals) Extend(_ context.Context, t *registry.Tenant, w *store.TurnW
 	case wire.WorkItemStatusHalted:
 		w.Extra = append(w.Extra, store.OutboxInsert(wire.Event{EventID: uuid.NewString(), Kind: wire.EventItemHalted,
 			WorkItemID: it.ID, NextTurn: it.Turn + 1, Reason: out.Reason, OccurredAt: time.Now().UTC()}))
-		w.AfterCommit = a.kick
+		w.OnCommit(func(context.Context) { a.kick(t) })
 	}
 	return nil
 }
@@ -308,7 +336,7 @@ func (a *Approvals) Decide(ctx context.Context, t *registry.Tenant, req *wire.Ap
 		return nil, notFound(err)
 	}
 	a.log.Info("approval decided", "tenant_id", t.ID, "approval_id", rec.ID, "status", rec.Status, "event_id", ev.EventID)
-	a.kick()
+	a.kick(t)
 	withRecipient(&rec)
 	return &wire.ApprovalDecideReply{Approval: rec, EventID: ev.EventID}, nil
 }
@@ -342,36 +370,84 @@ func (a *Approvals) Report(ctx context.Context, t *registry.Tenant, req *wire.Re
 	return &r, nil
 }
 
-// Sweep expires the pending approvals of every active tenant that are past
-// their expiry. Safe on several replicas at once (see store.ApprovalSweep).
-func (a *Approvals) Sweep(ctx context.Context, tenants []*registry.Tenant) (int, error) {
+// Sweep expires t's pending approvals that are past their expiry, re-queues
+// their items for a human and writes their events (store.ApprovalSweep:
+// safe on several replicas at once), then wakes the forwarder.
+func (a *Approvals) Sweep(ctx context.Context, t *registry.Tenant) (int, error) {
+	if t.Status != registry.TenantStatusActive {
+		return 0, nil
+	}
+	pool, err := a.pools.Pool(ctx, t)
+	if err != nil {
+		return 0, err
+	}
 	total := 0
-	var errs []error
-	for _, t := range tenants {
-		if t.Status != registry.TenantStatusActive {
-			continue
-		}
-		pool, err := a.pools.Pool(ctx, t)
+	for {
+		n, err := store.ApprovalSweep(ctx, pool, 500)
 		if err != nil {
-			errs = append(errs, err)
-			continue
+			return total, fmt.Errorf("tenant %s: %w", t.ID, err)
 		}
-		for {
-			n, err := store.ApprovalSweep(ctx, pool, 500)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("tenant %s: %w", t.ID, err))
-				break
-			}
-			total += n
-			if n < 500 {
-				break
-			}
+		total += n
+		if n < 500 {
+			break
 		}
 	}
 	if total > 0 {
-		a.kick()
+		a.kick(t)
 	}
-	return total, errors.Join(errs...)
+	return total, nil
+}
+
+// Expire handles an approval's expiry timer: it sweeps t, and sets the timer
+// again when the approval is still pending and not yet due by the database's
+// clock (a timer that fired early).
+func (a *Approvals) Expire(ctx context.Context, t *registry.Tenant, approvalID string) (int, error) {
+	n, err := a.Sweep(ctx, t)
+	if err != nil || t.Status != registry.TenantStatusActive {
+		return n, err
+	}
+	pool, err := a.pools.Pool(ctx, t)
+	if err != nil {
+		return n, err
+	}
+	ap, err := store.ApprovalGet(ctx, pool, approvalID)
+	if errors.Is(err, store.ErrNotFound) {
+		return n, nil
+	}
+	if err != nil {
+		return n, err
+	}
+	if ap.Status == wire.ApprovalStatusPending {
+		a.setExpiry(ctx, t, ap.ID, ap.ExpiresAt)
+	}
+	return n, nil
+}
+
+// reconcileBatch bounds the approvals whose timers one reconciliation sets.
+const reconcileBatch = 1000
+
+// Reconcile is the safety net of the timers for one tenant: it sweeps what
+// is due and sets the timer of every pending approval again (a replica may
+// have died between a commit and its timer). Setting a timer twice is
+// harmless: the second replaces the first.
+func (a *Approvals) Reconcile(ctx context.Context, t *registry.Tenant) error {
+	if _, err := a.Sweep(ctx, t); err != nil || t.Status != registry.TenantStatusActive {
+		return err
+	}
+	pool, err := a.pools.Pool(ctx, t)
+	if err != nil {
+		return err
+	}
+	pending, err := store.ApprovalPendingExpiries(ctx, pool, reconcileBatch)
+	if err != nil {
+		return err
+	}
+	for id, at := range pending {
+		if err := a.timers.At(ctx, t.NATSAccount, subjects.DueExpiry, id, at); err != nil {
+			return fmt.Errorf("tenant %s: %w", t.ID, err)
+		}
+	}
+	return nil
 }
 
 func notFound(err error) error {

@@ -1,6 +1,15 @@
 // Package outbox forwards the events written in tenant databases to the
 // tenants over NATS, until the edge reports n8n accepted them.
 //
+// A tenant's events are forwarded when something wakes the forwarder for
+// that tenant, never by polling every tenant: the commit that wrote them
+// (Kick, in this replica), or its timer (package timer) when an event no
+// edge acknowledged is due again, on whichever replica takes it. After each
+// pass the forwarder sets the tenant's timer to its next undelivered
+// event's attempt, so a tenant with nothing to deliver has no timer at all.
+// The brain's slow reconciliation pass wakes every tenant now and then, in
+// case a replica died between a commit and its wake-up.
+//
 // Why not watermill's forwarder: watermill-sql keeps its own message and
 // offset tables (created by DDL at run time, or coupled to its schema in our
 // migrations), wants a database/sql transaction to publish into, and one
@@ -14,6 +23,7 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,8 +36,6 @@ import (
 
 // Config of the forwarder. The zero value of a field means its default.
 type Config struct {
-	// Interval between scans of the tenant databases. Default 2s.
-	Interval time.Duration
 	// RetryBase and RetryMax space re-publishes of an event nobody acked:
 	// base·2^attempts, at most max. Defaults 2s and 5m.
 	RetryBase time.Duration
@@ -35,9 +43,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Interval == 0 {
-		c.Interval = 2 * time.Second
-	}
 	if c.RetryBase == 0 {
 		c.RetryBase = 2 * time.Second
 	}
@@ -47,62 +52,81 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Tenants lists the tenants to forward for.
-type Tenants interface {
-	Tenants() []*registry.Tenant
+// Pools gives the pool of a tenant's own database.
+type Pools interface {
 	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
 }
 
+// Timers sets a tenant's timers (timer.Timers).
+type Timers interface {
+	At(ctx context.Context, account, kind, id string, t time.Time) error
+}
+
+// timerID is the id of a tenant's one outbox timer.
+const timerID = "next"
+
 // Forwarder publishes due events.
 type Forwarder struct {
-	cfg     Config
-	tenants Tenants
-	nc      *nats.Conn
-	log     *slog.Logger
-	kick    chan struct{}
+	cfg    Config
+	pools  Pools
+	timers Timers
+	nc     *nats.Conn
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	kicked map[registry.TenantID]*registry.Tenant
+	wake   chan struct{}
 }
 
 // New returns a forwarder.
-func New(cfg Config, tenants Tenants, nc *nats.Conn, log *slog.Logger) *Forwarder {
-	return &Forwarder{cfg: cfg.withDefaults(), tenants: tenants, nc: nc, log: log, kick: make(chan struct{}, 1)}
+func New(cfg Config, pools Pools, timers Timers, nc *nats.Conn, log *slog.Logger) *Forwarder {
+	return &Forwarder{cfg: cfg.withDefaults(), pools: pools, timers: timers, nc: nc, log: log,
+		kicked: map[registry.TenantID]*registry.Tenant{}, wake: make(chan struct{}, 1)}
 }
 
-// Kick makes the forwarder scan now (after a commit that wrote events).
-func (f *Forwarder) Kick() {
+// Kick makes the forwarder forward t's events soon (after a commit that
+// wrote some). It never blocks.
+func (f *Forwarder) Kick(t *registry.Tenant) {
+	f.mu.Lock()
+	f.kicked[t.ID] = t
+	f.mu.Unlock()
 	select {
-	case f.kick <- struct{}{}:
+	case f.wake <- struct{}{}:
 	default:
 	}
 }
 
-// Run forwards until ctx is done.
+// Run forwards the kicked tenants' events until ctx is done.
 func (f *Forwarder) Run(ctx context.Context) {
-	t := time.NewTicker(f.cfg.Interval)
-	defer t.Stop()
 	for {
-		f.forwardAll(ctx)
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-		case <-f.kick:
+		case <-f.wake:
+		}
+		f.mu.Lock()
+		batch := f.kicked
+		f.kicked = map[registry.TenantID]*registry.Tenant{}
+		f.mu.Unlock()
+		for _, t := range batch {
+			if ctx.Err() != nil {
+				return
+			}
+			if err := f.Forward(ctx, t); err != nil && ctx.Err() == nil {
+				f.log.Warn("forward events", "tenant_id", t.ID, "error", err)
+			}
 		}
 	}
 }
 
-func (f *Forwarder) forwardAll(ctx context.Context) {
-	for _, t := range f.tenants.Tenants() {
-		if t.Status != registry.TenantStatusActive || ctx.Err() != nil {
-			continue
-		}
-		if err := f.forward(ctx, t); err != nil && ctx.Err() == nil {
-			f.log.Warn("forward events", "tenant_id", t.ID, "error", err)
-		}
+// Forward publishes t's events that are due, then sets t's outbox timer to
+// its next undelivered event's attempt (none when all are delivered). An
+// error leaves the timer as it was; the reconciliation pass repairs it.
+func (f *Forwarder) Forward(ctx context.Context, t *registry.Tenant) error {
+	if t.Status != registry.TenantStatusActive {
+		return nil
 	}
-}
-
-func (f *Forwarder) forward(ctx context.Context, t *registry.Tenant) error {
-	pool, err := f.tenants.Pool(ctx, t)
+	pool, err := f.pools.Pool(ctx, t)
 	if err != nil {
 		return err
 	}
@@ -114,14 +138,19 @@ func (f *Forwarder) forward(ctx context.Context, t *registry.Tenant) error {
 		for _, ev := range evs {
 			// Core publish: the edge receives it live through the event
 			// export. If no edge listens, the claim above already set the
-			// next attempt; the event is published again then.
+			// next attempt; the timer brings it back then.
 			if err := f.nc.Publish(subjects.Event(t.NATSAccount, ev.ID), ev.Payload); err != nil {
 				return err
 			}
 			f.log.Debug("event published", "tenant_id", t.ID, "event_id", ev.ID, "attempt", ev.Attempts)
 		}
 		if len(evs) < 100 {
-			return nil
+			break
 		}
 	}
+	next, ok, err := store.OutboxNextAttempt(ctx, pool)
+	if err != nil || !ok {
+		return err
+	}
+	return f.timers.At(ctx, t.NATSAccount, subjects.DueOutbox, timerID, next)
 }

@@ -321,6 +321,33 @@ func OutboxClaimDue(ctx context.Context, q DBTX, limit int, base, max time.Durat
 	return evs, translate(err, "claim due events")
 }
 
+// OutboxNextAttempt is the earliest next attempt of an undelivered event;
+// ok is false when every event is delivered.
+func OutboxNextAttempt(ctx context.Context, q DBTX) (next time.Time, ok bool, err error) {
+	var t *time.Time
+	if err := q.QueryRow(ctx, `SELECT min(next_attempt_at) FROM outbox WHERE delivered_at IS NULL`).Scan(&t); err != nil {
+		return time.Time{}, false, translate(err, "next event attempt")
+	}
+	if t == nil {
+		return time.Time{}, false, nil
+	}
+	return *t, true, nil
+}
+
+// ApprovalPendingExpiries lists the pending approvals and their expiries,
+// soonest first, at most limit (the reconciliation pass sets their timers).
+func ApprovalPendingExpiries(ctx context.Context, q DBTX, limit int) (map[string]time.Time, error) {
+	rows, _ := q.Query(ctx, `SELECT id::text, expires_at FROM approvals WHERE status = 'pending' ORDER BY expires_at LIMIT $1`, limit)
+	out := map[string]time.Time{}
+	var id string
+	var at time.Time
+	_, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error {
+		out[id] = at
+		return nil
+	})
+	return out, translate(err, "list pending expiries")
+}
+
 // OutboxMarkDelivered records that n8n accepted an event. It reports
 // whether the event exists; marking twice is harmless.
 func OutboxMarkDelivered(ctx context.Context, q DBTX, id string) (bool, error) {

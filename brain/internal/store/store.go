@@ -152,9 +152,13 @@ type TurnWrite struct {
 	Decision Decision
 	// Extra statements in the same transaction (approval records, outbox rows).
 	Extra []Statement
-	// AfterCommit runs once the transaction committed (wake the forwarder).
-	AfterCommit func()
+	// afterCommit run once the transaction committed (wake the forwarder,
+	// set a timer), in order.
+	afterCommit []func(context.Context)
 }
+
+// OnCommit adds fn to what runs once the turn's transaction committed.
+func (w *TurnWrite) OnCommit(fn func(context.Context)) { w.afterCommit = append(w.afterCommit, fn) }
 
 // Statement is one SQL statement with its arguments. Unless Optional, it
 // must affect at least one row, or the whole turn is rolled back.
@@ -172,8 +176,10 @@ func TurnCommit(ctx context.Context, db interface {
 	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
 }, w TurnWrite) error {
 	err := turnCommit(ctx, db, w)
-	if err == nil && w.AfterCommit != nil {
-		w.AfterCommit()
+	if err == nil {
+		for _, fn := range w.afterCommit {
+			fn(ctx)
+		}
 	}
 	return err
 }

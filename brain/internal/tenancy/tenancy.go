@@ -32,9 +32,11 @@ type Config struct {
 	PerTenantConns int32
 	// MaxConns is the global cap on tenant connections. Default 64.
 	MaxConns int
-	// IdleTimeout closes idle connections and, after it, idle pools. Default 5m.
+	// IdleTimeout closes idle connections and, after it, idle pools: an idle
+	// tenant holds no connection. Default 2m.
 	IdleTimeout time.Duration
-	// Refresh is the safety-net full reload interval. Default 30s.
+	// Refresh is the safety-net full reload interval (changes arrive through
+	// LISTEN within moments). Default 2m.
 	Refresh time.Duration
 }
 
@@ -46,10 +48,10 @@ func (c Config) withDefaults() Config {
 		c.MaxConns = 64
 	}
 	if c.IdleTimeout == 0 {
-		c.IdleTimeout = 5 * time.Minute
+		c.IdleTimeout = 2 * time.Minute
 	}
 	if c.Refresh == 0 {
-		c.Refresh = 30 * time.Second
+		c.Refresh = 2 * time.Minute
 	}
 	return c
 }
@@ -130,8 +132,26 @@ func compare(a, b registry.TenantID) int {
 	return 0
 }
 
-// Pool returns the tenant's pool, opening it if needed.
+// Pool returns the tenant's pool, opening it if needed. When every
+// connection slot belongs to a pool in use, it waits for one to be freed
+// (idle pools are closed to make room), until ctx ends: ErrAtCapacity.
 func (d *Directory) Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error) {
+	wait := 5 * time.Millisecond
+	for {
+		pool, err := d.pool(ctx, t)
+		if !errors.Is(err, ErrAtCapacity) {
+			return pool, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+func (d *Directory) pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if tp, ok := d.pools[t.ID]; ok && sameDB(tp.db, t.DB) {
@@ -257,6 +277,8 @@ func (d *Directory) listen(ctx context.Context) error {
 func (d *Directory) refreshLoop(ctx context.Context) {
 	t := time.NewTicker(d.cfg.Refresh)
 	defer t.Stop()
+	idle := time.NewTicker(max(d.cfg.IdleTimeout/4, 10*time.Millisecond))
+	defer idle.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -265,6 +287,7 @@ func (d *Directory) refreshLoop(ctx context.Context) {
 			if err := d.reloadAll(ctx); err != nil && ctx.Err() == nil {
 				d.log.Error("reload registry", "error", err)
 			}
+		case <-idle.C:
 			d.closeIdlePools()
 		}
 	}
@@ -324,6 +347,26 @@ func (d *Directory) reloadOne(ctx context.Context, id registry.TenantID) error {
 		d.closePoolLocked(id)
 	}
 	return nil
+}
+
+// PoolStats is the tenant pools' use on this replica.
+type PoolStats struct {
+	Pools    int // open tenant pools
+	Conns    int // their connections, idle or in use
+	Acquired int // their connections in use
+}
+
+// Stats returns the tenant pools' use.
+func (d *Directory) Stats() PoolStats {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	st := PoolStats{Pools: len(d.pools)}
+	for _, tp := range d.pools {
+		ps := tp.pool.Stat()
+		st.Conns += int(ps.TotalConns())
+		st.Acquired += int(ps.AcquiredConns())
+	}
+	return st
 }
 
 // Close closes every pool and the registry connection.

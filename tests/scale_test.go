@@ -1,0 +1,164 @@
+package tests
+
+// The brain's cost follows the work, not the number of tenants: timers in
+// JetStream bring due work to it (approval expiries, event re-deliveries),
+// idle tenants hold no connection and get no query, and a tenant whose
+// pool was closed is served on the first try.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"n8nbrain/brain"
+	"n8nbrain/deploy/devstack"
+	"n8nbrain/edge"
+	"n8nbrain/wire"
+)
+
+// noSafetyNet turns the timers' reconciliation pass off for the test's
+// length: only timers can bring due work.
+func noSafetyNet(c *brain.Config) {
+	c.ReconcileInterval = time.Hour
+	c.EventRetryBase = 100 * time.Millisecond
+	c.EventRetryMax = 500 * time.Millisecond
+}
+
+// An approval expires at its time, by its timer, with nothing scanning.
+func TestTimersExpireApprovals(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	sp := spec("timer-exp")
+	sp.ApprovalTTL = 2 * time.Second
+	a := s.tenant(sp)
+	hook := newWebhook(t)
+	s.startBrain("r1", noSafetyNet)
+	ea := s.startEdge(a, withWebhook(hook))
+
+	id := "<timer-expiry@customer.example>"
+	apID := ea.submit(quoteEmail(id)).reply(t).Action.ApprovalID
+	start := time.Now()
+	ev := hook.accepted(wire.EventApprovalExpired, id)
+	t.Logf("expired %s after the proposal (TTL 2s, timers have a one-second resolution)", time.Since(start))
+	if ev.ApprovalID != apID || ev.NextTurn != 2 {
+		t.Fatalf("expiry event %+v", ev)
+	}
+	db := s.tenantDB(a)
+	if n := count(t, db, `SELECT count(*) FROM approvals WHERE id = $1 AND status = 'expired' AND decided_by = 'expiry'`, apID); n != 1 {
+		t.Fatal("the approval is not expired by the expiry")
+	}
+	if n := count(t, db, `SELECT count(*) FROM work_items WHERE id = $1 AND status = 'escalated' AND needs_human`, id); n != 1 {
+		t.Fatal("the item was not re-queued for a human")
+	}
+}
+
+// An event n8n did not accept is delivered again by its tenant's outbox
+// timer, with nothing scanning.
+func TestTimersRedeliverEvents(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("timer-out"))
+	hook := newWebhook(t)
+	hook.down.Store(true)
+	s.startBrain("r1", noSafetyNet)
+	ea := s.startEdge(a, func(c *edge.Config) {
+		withWebhook(hook)(c)
+		c.WebhookRetries = 1 // the edge parks it fast; the brain's timer brings it back
+	})
+	id := "<timer-redeliver@customer.example>"
+	apID := ea.submit(quoteEmail(id)).reply(t).Action.ApprovalID
+	if r := ea.decide(apID, "approve", map[string]string{"by": "alice"}); r.Status != http.StatusOK {
+		t.Fatalf("approve: %d %s", r.Status, r.Body)
+	}
+	// Refused at least twice (a first publication and a re-delivery) ...
+	refused := 0
+	for refused < 3 {
+		select {
+		case d := <-hook.arrived:
+			if d.Status != http.StatusOK {
+				refused++
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("only %d refused deliveries: the event is not published again", refused)
+		}
+	}
+	// ... then accepted once n8n is back.
+	hook.down.Store(false)
+	hook.accepted(wire.EventApprovalDecided, id)
+	eventually(t, 10*time.Second, "the event to be marked delivered", func() bool {
+		return count(t, s.tenantDB(a), `SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL AND kind = 'approval_decided'`) == 1
+	})
+}
+
+// Idle tenants cost nothing: with many provisioned and one used, once the
+// pools' idle time has passed the replica holds no tenant connection, and
+// over an idle window no tenant database sees a single transaction from
+// it. A turn for a tenant whose pool was closed succeeds on the first try.
+func TestIdleTenantsCostNothing(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	const n = 12
+	var tenants []*devstack.Tenant
+	for i := range n {
+		tenants = append(tenants, s.tenant(spec(fmt.Sprintf("idle-%02d", i))))
+	}
+	ops, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsURL := "http://" + ops.Addr().String()
+	s.startBrain("r1", func(c *brain.Config) {
+		noSafetyNet(c)
+		c.OpsListener = ops
+		c.DBIdleTimeout = time.Second
+	})
+	e0 := s.startEdge(tenants[0], nil)
+	e0.submit(quoteEmail("<idle-warm@x>")).reply(t)
+	if p := metricValue(t, metricsURL, "brain_db_pools_open"); p != 1 {
+		t.Fatalf("%v tenant pools open after one tenant's turn, want 1", p)
+	}
+	eventually(t, 15*time.Second, "every idle pool to be closed", func() bool {
+		return metricValue(t, metricsURL, "brain_db_pools_open") == 0 && metricValue(t, metricsURL, "brain_db_conns") == 0
+	})
+	// No transaction in any tenant database from the brain over an idle window.
+	admin := s.adminConn("postgres")
+	commits := func() map[string]int64 {
+		out := map[string]int64{}
+		for _, tn := range tenants {
+			var x int64
+			// pg_stat_database counts every transaction of every session; the
+			// statistics views are read in a fresh snapshot each time.
+			if _, err := admin.Exec(context.Background(), `SELECT pg_stat_clear_snapshot()`); err != nil {
+				t.Fatal(err)
+			}
+			if err := admin.QueryRow(context.Background(), `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1`,
+				tn.DB.DBName).Scan(&x); err != nil {
+				t.Fatal(err)
+			}
+			out[tn.DB.DBName] = x
+		}
+		return out
+	}
+	before := commits()
+	time.Sleep(3 * time.Second) // an idle window: nothing to wait for, by design
+	after := commits()
+	for db, b := range before {
+		if after[db] != b {
+			t.Errorf("tenant database %s had %d transactions while every tenant was idle", db, after[db]-b)
+		}
+	}
+	if open := metricValue(t, metricsURL, "brain_db_conns"); open != 0 {
+		t.Errorf("%v tenant connections held while idle", open)
+	}
+	// The tenant whose pool was closed: served on the first try.
+	if r := e0.submit(quoteEmail("<idle-again@x>")); r.Status != http.StatusOK {
+		t.Fatalf("first turn after the pool was closed: %d %s", r.Status, r.Body)
+	}
+	if logs := s.logs.String(); strings.Contains(logs, "turn failed; will be retried") {
+		t.Fatal("a turn failed and was retried: the closed pool was not reopened cleanly")
+	}
+}
