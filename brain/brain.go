@@ -25,6 +25,7 @@ import (
 	"n8nbrain/brain/internal/outbox"
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/brain/internal/turn"
+	"n8nbrain/nats/connwatch"
 	"n8nbrain/nats/stream"
 	"n8nbrain/registry"
 )
@@ -62,13 +63,16 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer dir.Close()
 
-	nc, err := nats.Connect(cfg.NATSURL,
+	// Reconnects are unlimited, but nats.go still closes the connection for
+	// good when the server refuses the credential twice (revoked, expired)
+	// or sends an error that ends it: the replica then stops with an error
+	// (main exits 1) for its supervisor to restart it, rather than staying
+	// up with nothing to do (see connwatch).
+	watch := connwatch.New(log)
+	nc, err := nats.Connect(cfg.NATSURL, append(watch.Options(),
 		nats.UserCredentials(cfg.CredsFile),
 		nats.Name("brain-"+cfg.Replica),
-		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("nats disconnected", "error", err) }),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("nats reconnected") }),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("connect nats: %w", err)
 	}
@@ -96,7 +100,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	fwd := outbox.New(outbox.Config{Interval: cfg.EventInterval, RetryBase: cfg.EventRetryBase, RetryMax: cfg.EventRetryMax}, dir, nc, log)
 	approvals := approval.New(dir, fwd.Kick, log)
 	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks(cfg.Hooks), log)
-	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc, approvals: approvals, model: mc, stage: stage}
+	b := &brain{cfg: cfg, log: log, nc: nc, natsWatch: watch, js: js, dir: dir, proc: proc, approvals: approvals, model: mc, stage: stage}
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -131,7 +135,13 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	log.Info("brain replica ready", "workers", cfg.Workers, "tenants", len(dir.Tenants()))
 
-	<-ctx.Done()
+	var stopErr error
+	select {
+	case <-ctx.Done():
+	case <-watch.Closed():
+		stopErr = watch.ClosedError()
+		log.Error("brain replica stopping: its NATS connection is closed for good", "error", stopErr)
+	}
 	cc.Stop()
 	_ = api.Drain()
 	b.waitInflight(cfg.ShutdownGrace)
@@ -141,16 +151,18 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	stopRun()
 	wg.Wait()
 	log.Info("brain replica stopped")
-	return nil
+	return stopErr
 }
 
 type brain struct {
-	cfg  Config
-	log  *slog.Logger
-	nc   *nats.Conn
-	js   jetstream.JetStream
-	dir  *tenancy.Directory
-	proc *turn.Processor
+	cfg Config
+	log *slog.Logger
+	nc  *nats.Conn
+	// natsWatch says when nc is closed for good or its credential refused.
+	natsWatch *connwatch.Watch
+	js        jetstream.JetStream
+	dir       *tenancy.Directory
+	proc      *turn.Processor
 	// approvals serves the tenant API and takes part in every turn.
 	approvals *approval.Approvals
 	// model and stage are nil when the brain runs rules only.

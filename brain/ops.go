@@ -1,6 +1,7 @@
 package brain
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -16,8 +17,17 @@ import (
 // opsRoutes serves the replica's operational endpoints.
 func (b *brain) opsRoutes() http.Handler {
 	mux := http.NewServeMux()
+	// Liveness fails once the NATS connection is closed for good or the
+	// server refuses the credential: neither mends itself, and the replica
+	// stops with an error as soon as nats.go gives up.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if err := b.natsWatch.Err(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			body, _ := json.Marshal(map[string]string{"status": "unhealthy", "error": err.Error()})
+			_, _ = w.Write(body)
+			return
+		}
 		fmt.Fprint(w, `{"status":"ok"}`)
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {

@@ -48,7 +48,10 @@ type deps struct {
 	brain     brainClient
 	token     string
 	connected func() bool
-	logger    *slog.Logger
+	// natsErr says what is wrong with the NATS connection for good (closed,
+	// or the credential refused); nil while it is fine or reconnecting.
+	natsErr func() error
+	logger  *slog.Logger
 	// reviewers of the review page; nil when it is off.
 	reviewers *reviewers
 	// csrfKey signs the review page's forms (see review.go).
@@ -77,7 +80,7 @@ func routes(mux *http.ServeMux, d deps) {
 	mux.Handle("POST /review/approvals/{id}", logged(d, "POST /review/approvals/{id}", requireReviewer(d, handleReviewDecide(d))))
 
 	// Probes run every few seconds: their lines are Debug, not Info.
-	mux.Handle("GET /healthz", loggedAt(d, slog.LevelDebug, "GET /healthz", handleHealthz()))
+	mux.Handle("GET /healthz", loggedAt(d, slog.LevelDebug, "GET /healthz", handleHealthz(d)))
 	mux.Handle("GET /readyz", loggedAt(d, slog.LevelDebug, "GET /readyz", handleReadyz(d)))
 }
 
@@ -240,9 +243,16 @@ func noteError(ctx context.Context, err error) *wire.Error {
 	return e
 }
 
-func handleHealthz() http.Handler {
+// handleHealthz is the liveness probe. A NATS connection that is down but
+// reconnecting is not a reason to restart the edge; one closed for good, or
+// whose credential the server refuses, is: neither mends itself.
+func handleHealthz(d deps) http.Handler {
 	body := []byte(`{"status":"ok"}`)
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := d.natsErr(); err != nil {
+			fail(r.Context(), w, natsUnhealthy(err))
+			return
+		}
 		writeJSON(w, http.StatusOK, body)
 	})
 }
@@ -250,6 +260,10 @@ func handleHealthz() http.Handler {
 func handleReadyz(d deps) http.Handler {
 	body := []byte(`{"status":"ready"}`)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := d.natsErr(); err != nil {
+			fail(r.Context(), w, natsUnhealthy(err))
+			return
+		}
 		if !d.connected() {
 			fail(r.Context(), w, &wire.Error{Code: wire.CodeUnavailable, Message: "not connected to NATS"})
 			return

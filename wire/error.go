@@ -35,6 +35,8 @@ const (
 	ReasonPending              = "decision_pending"
 	ReasonAlreadyResolved      = "already_resolved"
 	ReasonApprovalExpired      = "approval_expired"
+	ReasonCredentialRefused    = "credential_refused" // the NATS server refuses the edge's credential: not transient
+	ReasonNATSClosed           = "nats_closed"        // the edge's NATS connection is closed for good
 )
 
 // Error is the application error: a stable code, an optional reason and a
