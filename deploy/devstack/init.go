@@ -234,10 +234,15 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 	if err != nil {
 		return nil, fmt.Errorf("identities in %s: %w", o.Dir, err)
 	}
-	// Secrets given in the environment win over, and replace, kept ones.
+	// Secrets given in the environment win over, and replace, kept ones;
+	// all but the sealing key at once. The sealing key is kept only once it
+	// has opened the tenant's sealed password (or sealed it, on the first
+	// run): a key the registry refuses must never overwrite the kept one,
+	// which may be the only copy of the key that opens every sealed tenant
+	// password (init generated it).
 	err = ids.update(func(k *keyFile) {
 		for _, s := range []struct{ from, to *string }{
-			{&o.SealingKey, &k.SealingKey}, {&o.RegistryPassword, &k.RegistryPassword},
+			{&o.RegistryPassword, &k.RegistryPassword},
 			{&o.WebhookSecret, &k.WebhookSecret}, {&o.ReviewerPassword, &k.ReviewerPassword},
 		} {
 			if *s.from != "" {
@@ -249,7 +254,11 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 		return nil, err
 	}
 	sec := ids.secrets()
-	key, err := registry.ParseKey(sec.SealingKey)
+	sealingKey := sec.SealingKey
+	if o.SealingKey != "" {
+		sealingKey = o.SealingKey
+	}
+	key, err := registry.ParseKey(sealingKey)
 	if err != nil {
 		return nil, fmt.Errorf("sealing key in %s: %w", ids.keyPath(), err)
 	}
@@ -270,6 +279,11 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 		return nil, err
 	}
 	res.Tenant, res.TenantNATS, res.CreatedNow = spec.ID, acc.Public, created
+	if sealingKey != sec.SealingKey {
+		if err := ids.update(func(k *keyFile) { k.SealingKey = sealingKey }); err != nil {
+			return nil, err
+		}
+	}
 	token := o.EdgeToken
 	if token == "" {
 		token = ids.secrets().EdgeTokens[string(spec.ID)]
