@@ -32,6 +32,13 @@ type Ops struct {
 	RegistryDB string
 	// Sealer seals tenant passwords for the registry.
 	Sealer *registry.Sealer
+	// BrainAccount and SystemAccount are the public keys of the operator's
+	// BRAIN and system accounts. CreateTenant requires them and refuses
+	// either as a tenant's NATS account: the brain would take turns arriving
+	// on its own account for that tenant's, and the system account's users
+	// are the server's administrators.
+	BrainAccount  string
+	SystemAccount string
 	// Prefix is prepended to every role and database name this Ops creates:
 	// "" in production; tests pass a short random one ("t1a2b_") so parallel
 	// tests in one cluster never collide. Lowercase letters, digits and _.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nkeys"
 
 	"n8nbrain/catalogue"
 	"n8nbrain/migrations"
@@ -89,9 +90,21 @@ func (o *Ops) CreateTenant(ctx context.Context, spec TenantSpec) (*Tenant, error
 	if c.sealer == nil {
 		return nil, errors.New("provision: Ops.Sealer is required to create a tenant")
 	}
+	if !nkeys.IsValidPublicAccountKey(o.BrainAccount) || !nkeys.IsValidPublicAccountKey(o.SystemAccount) {
+		return nil, errors.New("provision: Ops.BrainAccount and Ops.SystemAccount (account public keys) are required to create a tenant: " +
+			"a tenant must never be registered with either")
+	}
 	spec, err = validateSpec(spec)
 	if err != nil {
 		return nil, err
+	}
+	switch spec.NATSAccount {
+	case o.BrainAccount:
+		return nil, &SpecError{Tenant: spec.ID, Problems: []string{
+			fmt.Sprintf("NATS account %s of tenant %s is the BRAIN account: a tenant needs an account of its own", spec.NATSAccount, spec.ID)}}
+	case o.SystemAccount:
+		return nil, &SpecError{Tenant: spec.ID, Problems: []string{
+			fmt.Sprintf("NATS account %s of tenant %s is the system account: a tenant needs an account of its own", spec.NATSAccount, spec.ID)}}
 	}
 	n, err := c.tenantNames(spec.ID)
 	if err != nil {

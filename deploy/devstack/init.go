@@ -266,7 +266,8 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 	if err != nil {
 		return nil, err
 	}
-	ops := &provision.Ops{AdminURL: o.AdminURL, Host: o.DBHost, Port: o.DBPort, Sealer: sealer, Prefix: o.Prefix}
+	ops := &provision.Ops{AdminURL: o.AdminURL, Host: o.DBHost, Port: o.DBPort, Sealer: sealer, Prefix: o.Prefix,
+		BrainAccount: ids.Brain.Public, SystemAccount: ids.System.Public}
 	res := &InitResult{BrainNATS: ids.Brain.Public}
 
 	res.RegistryURL, err = bootstrapWithRetry(ctx, ops, sec.RegistryPassword, o.DBWait, log)
