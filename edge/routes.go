@@ -106,7 +106,8 @@ func newHandler(d deps) http.Handler {
 				status = http.StatusNotFound
 			}
 			writeErrorStatus(w, status, e)
-			d.logger.Info("http request", "route", "", "method", r.Method, "status", status)
+			d.logger.LogAttrs(r.Context(), slog.LevelInfo, "http request",
+				logSafe([]slog.Attr{slog.String("route", ""), slog.String("method", r.Method), slog.Int("status", status)})...)
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -333,8 +334,25 @@ func loggedAt(d deps, level slog.Level, route string, next http.Handler) http.Ha
 			slog.Int("status", sw.status),
 			slog.Int64("duration_ms", time.Since(start).Milliseconds()),
 		}, rl.attrs...)
-		d.logger.LogAttrs(r.Context(), level, "http request", attrs...)
+		d.logger.LogAttrs(r.Context(), level, "http request", logSafe(attrs)...)
 	})
+}
+
+// maxLogValue bounds every string of a request's log line. What a handler
+// notes is meant to be short (codes, keys, ids), but some of it derives from
+// what the client sent (a field path names its keys, the method of an
+// unknown route is the client's); a cap here keeps a hostile request from
+// writing a 60 KB line, and Clip escapes what a terminal would act on.
+const maxLogValue = 512
+
+// logSafe clips every string attribute to maxLogValue.
+func logSafe(attrs []slog.Attr) []slog.Attr {
+	for i, a := range attrs {
+		if a.Value.Kind() == slog.KindString {
+			attrs[i].Value = slog.StringValue(wire.Clip(a.Value.String(), maxLogValue))
+		}
+	}
+	return attrs
 }
 
 type statusWriter struct {
