@@ -15,9 +15,10 @@ import (
 	"unicode/utf8"
 )
 
-// DocumentField is the Field of a problem with the document as a whole
-// rather than one of its fields: a syntax error outside any field, data after
-// the document, an empty body, a document that is not an object.
+// DocumentField is the field of the wire.Error (ErrorOf) of a problem with
+// the document as a whole rather than one of its fields: a syntax error
+// outside any field, data after the document, an empty body, a document
+// that is not an object. A DecodeError leaves its Field empty then.
 const DocumentField = "$"
 
 // Limits on what a Field may carry: it names client-chosen keys, and it is
@@ -28,7 +29,8 @@ const (
 )
 
 // DecodeError says what was wrong with a JSON document and where. Field is a
-// dotted path ("email.subject", "to[2]"), or DocumentField. Keys in the path
+// dotted path ("email.subject", "to[2]"), empty for the document as a whole
+// (ErrorOf names it DocumentField). Keys in the path
 // are as the client sent them when they are printable and short; otherwise
 // escaped and cut (see Clip).
 type DecodeError struct {
@@ -37,7 +39,7 @@ type DecodeError struct {
 }
 
 func (e *DecodeError) Error() string {
-	if e.Field == "" || e.Field == DocumentField {
+	if e.Field == "" {
 		return "invalid JSON: " + e.Problem
 	}
 	return fmt.Sprintf("invalid JSON: field %q: %s", e.Field, e.Problem)
@@ -50,19 +52,14 @@ func (e *DecodeError) Error() string {
 // decoder refuses (a time that is not RFC 3339), trailing data after the
 // document, invalid UTF-8 and lone UTF-16 surrogate escapes ("\ud800"), which
 // encoding/json would silently turn into U+FFFD. Every rejection is a
-// *DecodeError with a Field.
+// *DecodeError.
 //
 // v must be a pointer to a struct whose fields carry json tags.
 func Decode(data []byte, v any) error {
 	err := decode(data, v)
 	var de *DecodeError
-	if errors.As(err, &de) {
-		if de.Field == "" {
-			de.Field = DocumentField
-		}
-		if len(de.Field) > maxFieldBytes {
-			de.Field = Clip(de.Field, maxFieldBytes)
-		}
+	if errors.As(err, &de) && len(de.Field) > maxFieldBytes {
+		de.Field = Clip(de.Field, maxFieldBytes)
 	}
 	return err
 }
