@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -37,7 +38,24 @@ func (b *brain) opsRoutes() http.Handler {
 			fmt.Fprintf(w, `{"status":"nats %s"}`, b.nc.Status())
 			return
 		}
-		fmt.Fprint(w, `{"status":"ready"}`)
+		// A tenant whose database refuses its role is named here, but does
+		// not make the replica unready: every other tenant is served.
+		type problem struct {
+			Tenant   string    `json:"tenant"`
+			Problem  string    `json:"problem"`
+			SQLState string    `json:"sqlstate"`
+			Since    time.Time `json:"since"`
+		}
+		var problems []problem
+		for _, p := range b.dir.LoginProblems() {
+			problems = append(problems, problem{Tenant: string(p.Tenant), SQLState: p.SQLState, Since: p.Since.UTC(),
+				Problem: "its database refuses the tenant's role (password, LOGIN or CONNECT changed outside provisioning): repair the role"})
+		}
+		body, _ := json.Marshal(struct {
+			Status         string    `json:"status"`
+			TenantProblems []problem `json:"tenant_problems,omitempty"`
+		}{"ready", problems})
+		_, _ = w.Write(body)
 	})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
@@ -55,9 +73,34 @@ func (b *brain) opsRoutes() http.Handler {
 		} {
 			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", m.name, m.help, m.name, m.name, m.v)
 		}
+		b.tenantDBMetrics(w)
 		b.modelMetrics(w)
 	})
 	return mux
+}
+
+// tenantDBMetrics writes the refused logins to tenant databases, by tenant.
+func (b *brain) tenantDBMetrics(w io.Writer) {
+	failures := b.dir.LoginFailures()
+	failing := map[string]bool{}
+	for _, p := range b.dir.LoginProblems() {
+		failing[string(p.Tenant)] = true
+	}
+	ids := slices.Sorted(maps.Keys(failures))
+	fmt.Fprint(w, "# HELP brain_tenant_db_login_failures_total Connections to a tenant's database refused for the tenant's role, by tenant.\n"+
+		"# TYPE brain_tenant_db_login_failures_total counter\n")
+	for _, id := range ids {
+		fmt.Fprintf(w, "brain_tenant_db_login_failures_total{tenant=%s} %d\n", label(string(id)), failures[id])
+	}
+	fmt.Fprint(w, "# HELP brain_tenant_db_login_failing 1 while a tenant's database refuses the tenant's role.\n"+
+		"# TYPE brain_tenant_db_login_failing gauge\n")
+	for _, id := range ids {
+		v := 0
+		if failing[string(id)] {
+			v = 1
+		}
+		fmt.Fprintf(w, "brain_tenant_db_login_failing{tenant=%s} %d\n", label(string(id)), v)
+	}
 }
 
 // modelMetrics writes the model's use per tenant (tenant ids as labels,

@@ -172,7 +172,11 @@ func (o *Ops) BootstrapRegistry(ctx context.Context, readerPassword string) (rea
 		return "", fmt.Errorf("bootstrap registry: %w", err)
 	}
 	defer db.Close(context.WithoutCancel(ctx))
+	if _, err := hideCluster(ctx, db); err != nil {
+		return "", fmt.Errorf("bootstrap registry: %w", err)
+	}
 	err = execAll(ctx, db,
+		`ALTER ROLE `+ident(c.registryReader)+` RESET ALL`,
 		`ALTER SCHEMA public OWNER TO `+ident(c.registryOwner),
 		`REVOKE ALL ON SCHEMA public FROM PUBLIC`,
 		`GRANT USAGE ON SCHEMA public TO `+ident(c.registryReader),

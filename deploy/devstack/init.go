@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -64,6 +65,12 @@ type InitOptions struct {
 	N8NGroup int
 	// Prefix is prepended to provisioned role and database names (tests).
 	Prefix string
+	// RestrictMaintenanceDatabases revokes CONNECT and TEMPORARY on postgres
+	// and template1 from PUBLIC (provision.Ops.RestrictMaintenanceDatabases):
+	// right for the cluster compose runs for the stack alone, since it
+	// changes the defaults of every role in the cluster
+	// [INIT_RESTRICT_MAINTENANCE_DBS: on unless 0 or false].
+	RestrictMaintenanceDatabases bool
 }
 
 // Paths in the state volume, relative to its root. compose.yaml names them.
@@ -107,6 +114,8 @@ func InitOptionsFromEnv(getenv func(string) string) (InitOptions, error) {
 		DBPort:   5432,
 		DBWait:   time.Minute,
 		N8NGroup: -1,
+		RestrictMaintenanceDatabases: !slices.Contains([]string{"0", "false"},
+			strings.ToLower(strings.TrimSpace(getenv("INIT_RESTRICT_MAINTENANCE_DBS")))),
 	}
 	var errs []error
 	if f := getenv("BRAIN_SEALING_KEY_FILE"); f != "" && o.SealingKey == "" {
@@ -273,6 +282,11 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 	res.RegistryURL, err = bootstrapWithRetry(ctx, ops, sec.RegistryPassword, o.DBWait, log)
 	if err != nil {
 		return nil, err
+	}
+	if o.RestrictMaintenanceDatabases {
+		if err := ops.RestrictMaintenanceDatabases(ctx); err != nil {
+			return nil, err
+		}
 	}
 	spec := ClientZeroSpec()
 	acc, created, err := ensureTenant(ctx, ops, sealer, ids, spec)

@@ -32,6 +32,9 @@ const ReasonSendNotApproved = "send_reply_not_approved"
 // Pools gives the pool of a tenant's own database.
 type Pools interface {
 	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
+	// Check returns err, or a *tenancy.LoginError when the tenant's
+	// database refuses the tenant's role (and records it).
+	Check(t *registry.Tenant, err error) error
 }
 
 // Approvals is the approval component of a brain replica. Every time it
@@ -257,13 +260,13 @@ func (a *Approvals) Sweep(ctx context.Context, tenants []*registry.Tenant) (int,
 		}
 		pool, err := a.pools.Pool(ctx, t)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, a.pools.Check(t, err))
 			continue
 		}
 		for {
 			n, err := store.ApprovalSweep(ctx, pool, 500)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("tenant %s: %w", t.ID, err))
+				errs = append(errs, fmt.Errorf("tenant %s: %w", t.ID, a.pools.Check(t, err)))
 				break
 			}
 			total += n

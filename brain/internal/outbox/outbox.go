@@ -13,6 +13,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"n8nbrain/brain/internal/store"
+	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
 )
@@ -51,6 +53,9 @@ func (c Config) withDefaults() Config {
 type Tenants interface {
 	Tenants() []*registry.Tenant
 	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
+	// Check returns err, or a *tenancy.LoginError when the tenant's
+	// database refuses the tenant's role (and records and logs it).
+	Check(t *registry.Tenant, err error) error
 }
 
 // Forwarder publishes due events.
@@ -95,7 +100,11 @@ func (f *Forwarder) forwardAll(ctx context.Context) {
 		if t.Status != registry.TenantStatusActive || ctx.Err() != nil {
 			continue
 		}
-		if err := f.forward(ctx, t); err != nil && ctx.Err() == nil {
+		// The forwarder reaches every tenant's database every few seconds:
+		// a role its database refuses is noticed (and logged) here first.
+		err := f.tenants.Check(t, f.forward(ctx, t))
+		var le *tenancy.LoginError
+		if err != nil && ctx.Err() == nil && !errors.As(err, &le) {
 			f.log.Warn("forward events", "tenant_id", t.ID, "error", err)
 		}
 	}
