@@ -98,6 +98,7 @@ func (b *brain) handleAPI(m *nats.Msg) {
 	default:
 		log = log.With("tenant_id", t.ID)
 		reply, err = b.dispatchAPI(ctx, t, method, m.Data)
+		err = b.dir.Check(t, err)
 	}
 	out := nats.NewMsg(m.Reply)
 	if err != nil {

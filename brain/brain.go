@@ -27,6 +27,7 @@ import (
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/brain/internal/timer"
 	"n8nbrain/brain/internal/turn"
+	"n8nbrain/nats/connwatch"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
 )
@@ -65,13 +66,16 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer dir.Close()
 
-	nc, err := nats.Connect(cfg.NATSURL,
+	// Reconnects are unlimited, but nats.go still closes the connection for
+	// good when the server refuses the credential twice (revoked, expired)
+	// or sends an error that ends it: the replica then stops with an error
+	// (main exits 1) for its supervisor to restart it, rather than staying
+	// up with nothing to do (see connwatch).
+	watch := connwatch.New(log)
+	nc, err := nats.Connect(cfg.NATSURL, append(watch.Options(),
 		nats.UserCredentials(cfg.CredsFile),
 		nats.Name("brain-"+cfg.Replica),
-		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("nats disconnected", "error", err) }),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("nats reconnected") }),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("connect nats: %w", err)
 	}
@@ -98,8 +102,8 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	approvals := approval.New(dir, timers, fwd.Kick, log)
 	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks(cfg.Hooks), log)
 	sched := fair.New[queued](cfg.TenantWorkers)
-	b := &brain{cfg: cfg, log: log, nc: nc, js: js, dir: dir, proc: proc, approvals: approvals, outbox: fwd, model: mc, stage: stage,
-		sched: sched, consumers: newConsumers(js, sched, log)}
+	b := &brain{cfg: cfg, log: log, nc: nc, natsWatch: watch, js: js, dir: dir, proc: proc, approvals: approvals, outbox: fwd,
+		model: mc, stage: stage, sched: sched, consumers: newConsumers(js, sched, log)}
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -144,7 +148,13 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	log.Info("brain replica ready", "workers", cfg.Workers, "tenant_workers", cfg.TenantWorkers,
 		"tenants", len(dir.Tenants()), "consuming", b.consumers.count())
 
-	<-ctx.Done()
+	var stopErr error
+	select {
+	case <-ctx.Done():
+	case <-watch.Closed():
+		stopErr = watch.ClosedError()
+		log.Error("brain replica stopping: its NATS connection is closed for good", "error", stopErr)
+	}
 	// No new turns; turns queued here go back to JetStream at once (another
 	// replica takes them); turns being decided finish, within the grace.
 	stopConsuming()
@@ -159,16 +169,18 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	stopRun()
 	wg.Wait()
 	log.Info("brain replica stopped")
-	return nil
+	return stopErr
 }
 
 type brain struct {
-	cfg  Config
-	log  *slog.Logger
-	nc   *nats.Conn
-	js   jetstream.JetStream
-	dir  *tenancy.Directory
-	proc *turn.Processor
+	cfg Config
+	log *slog.Logger
+	nc  *nats.Conn
+	// natsWatch says when nc is closed for good or its credential refused.
+	natsWatch *connwatch.Watch
+	js        jetstream.JetStream
+	dir       *tenancy.Directory
+	proc      *turn.Processor
 	// approvals serves the tenant API and takes part in every turn.
 	approvals *approval.Approvals
 	outbox    *outbox.Forwarder

@@ -36,7 +36,7 @@ func (b *brain) newMetrics() *prometheus.Registry {
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_tenants_consumed",
 		Help: "Tenants whose turn consumer this replica is bound to."}, func() float64 { return float64(b.consumers.count()) }))
-	reg.MustRegister(&tenantLoadCollector{b: b})
+	reg.MustRegister(&tenantLoadCollector{b: b}, &tenantDBCollector{b: b})
 	for _, g := range []struct {
 		name, help string
 		v          func(tenancy.PoolStats) int
@@ -117,4 +117,34 @@ func (c *modelCollector) Collect(ch chan<- prometheus.Metric) {
 		open = 1
 	}
 	ch <- prometheus.MustNewConstMetric(breakerOpenDesc, prometheus.GaugeValue, open)
+}
+
+var (
+	loginFailuresDesc = prometheus.NewDesc("brain_tenant_db_login_failures_total",
+		"Connections to a tenant's database refused for the tenant's role, by tenant.", []string{"tenant"}, nil)
+	loginFailingDesc = prometheus.NewDesc("brain_tenant_db_login_failing",
+		"1 while a tenant's database refuses the tenant's role.", []string{"tenant"}, nil)
+)
+
+// tenantDBCollector reports refused logins to tenant databases, by tenant.
+type tenantDBCollector struct{ b *brain }
+
+func (c *tenantDBCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- loginFailuresDesc
+	ch <- loginFailingDesc
+}
+
+func (c *tenantDBCollector) Collect(ch chan<- prometheus.Metric) {
+	failing := map[string]bool{}
+	for _, p := range c.b.dir.LoginProblems() {
+		failing[string(p.Tenant)] = true
+	}
+	for id, n := range c.b.dir.LoginFailures() {
+		v := 0.0
+		if failing[string(id)] {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(loginFailuresDesc, prometheus.CounterValue, float64(n), string(id))
+		ch <- prometheus.MustNewConstMetric(loginFailingDesc, prometheus.GaugeValue, v, string(id))
+	}
 }

@@ -1,8 +1,10 @@
 package brain
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -11,8 +13,17 @@ import (
 // opsRoutes serves the replica's operational endpoints.
 func (b *brain) opsRoutes() http.Handler {
 	mux := http.NewServeMux()
+	// Liveness fails once the NATS connection is closed for good or the
+	// server refuses the credential: neither mends itself, and the replica
+	// stops with an error as soon as nats.go gives up.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if err := b.natsWatch.Err(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			body, _ := json.Marshal(map[string]string{"status": "unhealthy", "error": err.Error()})
+			_, _ = w.Write(body)
+			return
+		}
 		fmt.Fprint(w, `{"status":"ok"}`)
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -22,7 +33,24 @@ func (b *brain) opsRoutes() http.Handler {
 			fmt.Fprintf(w, `{"status":"nats %s"}`, b.nc.Status())
 			return
 		}
-		fmt.Fprint(w, `{"status":"ready"}`)
+		// A tenant whose database refuses its role is named here, but does
+		// not make the replica unready: every other tenant is served.
+		type problem struct {
+			Tenant   string    `json:"tenant"`
+			Problem  string    `json:"problem"`
+			SQLState string    `json:"sqlstate"`
+			Since    time.Time `json:"since"`
+		}
+		var problems []problem
+		for _, p := range b.dir.LoginProblems() {
+			problems = append(problems, problem{Tenant: string(p.Tenant), SQLState: p.SQLState, Since: p.Since.UTC(),
+				Problem: "its database refuses the tenant's role (password, LOGIN or CONNECT changed outside provisioning): repair the role"})
+		}
+		body, _ := json.Marshal(struct {
+			Status         string    `json:"status"`
+			TenantProblems []problem `json:"tenant_problems,omitempty"`
+		}{"ready", problems})
+		_, _ = w.Write(body)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(b.newMetrics(), promhttp.HandlerOpts{}))
 	return mux

@@ -17,7 +17,9 @@
 #   * `nsc push` of the account, and the brain user's .creds file.
 #
 # Run it once per operator, then deploy/nsc-onboard-tenant.sh per tenant with
-# the keys this prints. Re-running it is safe: what exists is kept.
+# the keys this prints. Re-running it is safe: what exists is kept, and a
+# revoked brain user is refused, never re-signed (that would un-revoke it;
+# see revokes_user in nsc-lib.sh).
 #
 # The subjects and permissions below must match subjects.BrainExports,
 # subjects.BrainImports and account.Permissions(account.RoleBrain);

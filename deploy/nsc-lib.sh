@@ -19,12 +19,42 @@ account_key() {
 	nsc describe account --name "$1" --field sub | tr -d '"'
 }
 
+# revokes_user USER_KEY reports whether the account claims on stdin (JSON,
+# as nsc describe account --json prints them) revoke the user: its key, or
+# "*" (every user), in the claims' revocations. A revocation covers the JWTs
+# issued up to its time, so re-signing a revoked user (nsc edit user) gives
+# it a newer JWT the revocation does not cover: it un-revokes the user.
+# Revocations map keys to times (no nested objects), so once white space is
+# removed the object runs from '"revocations":{' to the first '}'.
+revokes_user() {
+	local key=$1
+	[[ $key =~ ^U[A-Z2-7]{55}$ ]] || return 2
+	tr -d ' \t\r\n' | grep -qE "\"revocations\":\{[^}]*\"($key|\\*)\":"
+}
+
+# user_key ACCOUNT USER prints a user's public key.
+user_key() {
+	nsc describe user --account "$1" --name "$2" --field sub | tr -d '"'
+}
+
 # upsert_user ACCOUNT USER NSC_PERMISSION_ARGS... adds the user, or brings
-# an existing one's permissions up to date.
+# an existing one's permissions up to date. It refuses a revoked user and
+# changes nothing: re-signing it would un-revoke it (see revokes_user).
 upsert_user() {
-	local account=$1 user=$2
+	local account=$1 user=$2 key
 	shift 2
 	if nsc describe user --account "$account" --name "$user" >/dev/null 2>&1; then
+		key=$(user_key "$account" "$user")
+		if account_json "$account" | revokes_user "$key"; then
+			cat >&2 <<-EOF
+				user $user of account $account is revoked (nsc revocations list-users --account $account):
+				re-running would sign it a new JWT and so un-revoke it; it is left revoked.
+				To give it a new credential, delete the revoked user (the revocation stays in
+				the account and keeps refusing the old key), then run this again:
+				  nsc delete user --account $account --name $user
+			EOF
+			return 1
+		fi
 		nsc edit user --account "$account" --name "$user" "$@"
 	else
 		nsc add user --account "$account" --name "$user" "$@"

@@ -14,7 +14,9 @@
 # The tenant's identity is its account: the brain reads the account key the
 # server writes into each subject. Register the printed account key with the
 # tenant (brainctl tenant create --account), and give the .creds file to the
-# tenant's edge (EDGE_NATS_CREDS). Re-running it is safe: what exists is kept.
+# tenant's edge (EDGE_NATS_CREDS). Re-running it is safe: what exists is kept,
+# and a revoked edge user is refused, never re-signed (that would un-revoke
+# it; see revokes_user in nsc-lib.sh).
 #
 # The subjects and permissions below must match subjects.TenantImports and
 # account.Permissions(account.RoleEdge); deploy/scripts_test.go fails the

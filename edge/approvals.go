@@ -278,6 +278,9 @@ func readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	return body, true
 }
 
+// maxQueryNameBytes bounds a query parameter's name in an error and a log.
+const maxQueryNameBytes = 64
+
 // strictQuery parses a query string as strictly as a body: only the
 // allowed parameters, each at most once.
 func strictQuery(raw string, allowed ...string) (map[string]string, error) {
@@ -291,11 +294,14 @@ func strictQuery(raw string, allowed ...string) (map[string]string, error) {
 		for _, a := range allowed {
 			known = known || a == k
 		}
+		// The name is the client's: escaped and cut before it is returned
+		// and logged.
+		name := wire.Clip(k, maxQueryNameBytes)
 		switch {
 		case !known:
-			return nil, &wire.Error{Code: wire.CodeInvalid, Field: k, Message: "unknown query parameter " + strconv.Quote(k)}
+			return nil, &wire.Error{Code: wire.CodeInvalid, Field: name, Message: `unknown query parameter "` + name + `"`}
 		case len(vs) > 1:
-			return nil, &wire.Error{Code: wire.CodeInvalid, Field: k, Message: "query parameter " + strconv.Quote(k) + " is repeated"}
+			return nil, &wire.Error{Code: wire.CodeInvalid, Field: name, Message: `query parameter "` + name + `" is repeated`}
 		}
 		out[k] = vs[0]
 	}

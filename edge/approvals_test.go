@@ -222,7 +222,7 @@ func TestApprovalAPIRejects(t *testing.T) {
 		{name: "ApproveControlInBy", method: "POST", path: decide("approve"), body: []byte(`{"by":"al\u0000ice"}`), status: 400, field: "by"},
 		{name: "ApproveUnknownField", method: "POST", path: decide("approve"), body: []byte(`{"by":"alice","params":{}}`), status: 400, field: "params"},
 		{name: "ApproveDuplicateKey", method: "POST", path: decide("approve"), body: []byte(`{"by":"alice","by":"mallory"}`), status: 400, field: "by"},
-		{name: "ApproveTrailing", method: "POST", path: decide("approve"), body: []byte(`{"by":"alice"} {}`), status: 400},
+		{name: "ApproveTrailing", method: "POST", path: decide("approve"), body: []byte(`{"by":"alice"} {}`), status: 400, field: wire.DocumentField},
 		{name: "ApproveNotJSON", method: "POST", path: decide("approve"), body: []byte(`{"by":"alice"}`), header: map[string]string{"Content-Type": "text/plain"}, status: 415, field: "Content-Type"},
 		{name: "EditNoParams", method: "POST", path: decide("edit"), body: []byte(`{"by":"alice"}`), status: 400, field: "params"},
 		{name: "EditNullParams", method: "POST", path: decide("edit"), body: []byte(`{"by":"alice","params":null}`), status: 400, field: "params"},

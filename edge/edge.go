@@ -15,6 +15,8 @@ import (
 	"unicode"
 
 	"github.com/nats-io/nats.go"
+
+	"n8nbrain/nats/connwatch"
 )
 
 // Config of an edge. The zero value of a field means its default; NATSURL,
@@ -264,7 +266,10 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 // Serve connects to NATS with the tenant's credential, then serves the
 // edge's HTTP API on ln until ctx is done. It then stops taking requests,
 // lets the ones in flight finish (bounded), drains the NATS connection and
-// returns nil. It returns an error if it cannot start or the listener fails.
+// returns nil. It returns an error if it cannot start, if the listener
+// fails, or if the NATS connection is closed for good (the server refused
+// the credential, see connwatch): then it stops taking requests, lets the
+// ones in flight finish and returns why.
 // Serve owns ln and closes it in every case.
 func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger) error {
 	if logger == nil {
@@ -291,29 +296,17 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 	if cfg.TenantID != "" {
 		name += "-" + cfg.TenantID
 	}
-	closed := make(chan struct{})
-	nc, err := nats.Connect(cfg.NATSURL,
+	// Reconnects are unlimited, but nats.go still closes the connection for
+	// good when the server refuses the credential twice (revoked, expired)
+	// or sends an error that ends it: Serve then stops with an error (the
+	// command exits 1) for the supervisor to restart the edge, rather than
+	// answering 503 for ever (see connwatch).
+	watch := connwatch.New(logger)
+	nc, err := nats.Connect(cfg.NATSURL, append(watch.Options(),
 		nats.UserCredentials(cfg.CredsFile),
 		nats.Name(name),
-		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil { // nil is our own drain at shutdown
-				logger.Warn("nats disconnected", "error", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) {
-			logger.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
-		}),
-		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
-			subject := ""
-			if sub != nil {
-				subject = sub.Subject
-			}
-			logger.Error("nats async error", "subject", subject, "error", err)
-		}),
 		nats.DrainTimeout(drainTimeout),
-		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
-	)
+	)...)
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
@@ -347,9 +340,10 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 
 	srv := &http.Server{
 		Handler: newHandler(deps{
-			brain:     rl,
+			brain:     refusalAware{brainClient: rl, refused: watch.Refused},
 			token:     cfg.Token,
 			connected: func() bool { return nc.Status() == nats.CONNECTED },
+			natsErr:   watch.Err,
 			logger:    logger,
 			auth:      auth,
 			csrfKey:   csrfKey(cfg.Token),
@@ -366,10 +360,13 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 	go func() { served <- srv.Serve(ln) }()
 	logger.Info("edge serving", "addr", ln.Addr().String(), "nats_url", nc.ConnectedUrlRedacted())
 
-	var serveErr error
+	var serveErr, natsErr error
 	select {
 	case <-ctx.Done():
 	case serveErr = <-served:
+	case <-watch.Closed():
+		natsErr = watch.ClosedError()
+		logger.Error("edge stopping: its NATS connection is closed for good", "error", natsErr)
 	}
 
 	// Deliveries in progress stop at once: none is acknowledged, so the
@@ -388,19 +385,24 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 	if serveErr == nil {
 		serveErr = <-served
 	}
-	if err := nc.Drain(); err != nil {
-		logger.Warn("nats drain", "error", err)
-		nc.Close()
+	if natsErr == nil {
+		if err := nc.Drain(); err != nil {
+			logger.Warn("nats drain", "error", err)
+			nc.Close()
+		}
 	}
 	drainWait := time.NewTimer(drainTimeout)
 	defer drainWait.Stop()
 	select {
-	case <-closed:
+	case <-watch.Closed():
 	case <-drainWait.C:
 		nc.Close()
-		<-closed
+		<-watch.Closed()
 	}
 	logger.Info("edge stopped")
+	if natsErr != nil {
+		return natsErr
+	}
 	if errors.Is(serveErr, http.ErrServerClosed) {
 		return nil
 	}

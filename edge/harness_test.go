@@ -34,6 +34,7 @@ const testToken = "test-token-0123456789abcdef"
 // importing their consumer API, and one tenant importing both.
 type testNATS struct {
 	srv        *embed.Server
+	op         *account.Operator // signs account JWTs (revocations)
 	tenant     *account.Account
 	edgeCreds  string // path of the edge .creds
 	brainCreds string
@@ -75,6 +76,7 @@ func startNATS(t *testing.T, streams bool) *testNATS {
 	dir := t.TempDir()
 	n := &testNATS{
 		srv:        srv,
+		op:         op,
 		tenant:     tenant,
 		edgeCreds:  writeCreds(t, dir, tenant, "edge", account.RoleEdge),
 		brainCreds: writeCreds(t, dir, brain, "brain", account.RoleBrain),

@@ -52,7 +52,10 @@ type deps struct {
 	brain     brainClient
 	token     string
 	connected func() bool
-	logger    *slog.Logger
+	// natsErr says what is wrong with the NATS connection for good (closed,
+	// or the credential refused); nil while it is fine or reconnecting.
+	natsErr func() error
+	logger  *slog.Logger
 	// auth signs reviewers in and out; nil when the review page is off.
 	auth *reviewAuth
 	// csrfKey signs the review page's forms (see review.go).
@@ -87,7 +90,7 @@ func routes(mux *http.ServeMux, d deps) {
 	mux.Handle("GET /review/assets/{name}", loggedAt(d, slog.LevelDebug, "GET /review/assets/{name}", handleReviewAsset()))
 
 	// Probes run every few seconds: their lines are Debug, not Info.
-	mux.Handle("GET /healthz", loggedAt(d, slog.LevelDebug, "GET /healthz", handleHealthz()))
+	mux.Handle("GET /healthz", loggedAt(d, slog.LevelDebug, "GET /healthz", handleHealthz(d)))
 	mux.Handle("GET /readyz", loggedAt(d, slog.LevelDebug, "GET /readyz", handleReadyz(d)))
 }
 
@@ -113,7 +116,8 @@ func newHandler(d deps) http.Handler {
 				status = http.StatusNotFound
 			}
 			writeErrorStatus(w, status, e)
-			d.logger.Info("http request", "route", "", "method", r.Method, "status", status)
+			d.logger.LogAttrs(r.Context(), slog.LevelInfo, "http request",
+				logSafe([]slog.Attr{slog.String("route", ""), slog.String("method", r.Method), slog.Int("status", status)})...)
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -300,9 +304,16 @@ func noteError(ctx context.Context, err error) *wire.Error {
 	return e
 }
 
-func handleHealthz() http.Handler {
+// handleHealthz is the liveness probe. A NATS connection that is down but
+// reconnecting is not a reason to restart the edge; one closed for good, or
+// whose credential the server refuses, is: neither mends itself.
+func handleHealthz(d deps) http.Handler {
 	body := []byte(`{"status":"ok"}`)
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := d.natsErr(); err != nil {
+			fail(r.Context(), w, natsUnhealthy(err))
+			return
+		}
 		writeJSON(w, http.StatusOK, body)
 	})
 }
@@ -310,6 +321,10 @@ func handleHealthz() http.Handler {
 func handleReadyz(d deps) http.Handler {
 	body := []byte(`{"status":"ready"}`)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := d.natsErr(); err != nil {
+			fail(r.Context(), w, natsUnhealthy(err))
+			return
+		}
 		if !d.connected() {
 			fail(r.Context(), w, &wire.Error{Code: wire.CodeUnavailable, Message: "not connected to NATS"})
 			return
@@ -379,8 +394,25 @@ func loggedAt(d deps, level slog.Level, route string, next http.Handler) http.Ha
 			slog.Int("status", sw.status),
 			slog.Int64("duration_ms", time.Since(start).Milliseconds()),
 		}, rl.attrs...)
-		d.logger.LogAttrs(r.Context(), level, "http request", attrs...)
+		d.logger.LogAttrs(r.Context(), level, "http request", logSafe(attrs)...)
 	})
+}
+
+// maxLogValue bounds every string of a request's log line. What a handler
+// notes is meant to be short (codes, keys, ids), but some of it derives from
+// what the client sent (a field path names its keys, the method of an
+// unknown route is the client's); a cap here keeps a hostile request from
+// writing a 60 KB line, and Clip escapes what a terminal would act on.
+const maxLogValue = 512
+
+// logSafe clips every string attribute to maxLogValue.
+func logSafe(attrs []slog.Attr) []slog.Attr {
+	for i, a := range attrs {
+		if a.Value.Kind() == slog.KindString {
+			attrs[i].Value = slog.StringValue(wire.Clip(a.Value.String(), maxLogValue))
+		}
+	}
+	return attrs
 }
 
 type statusWriter struct {

@@ -32,6 +32,13 @@ type Ops struct {
 	RegistryDB string
 	// Sealer seals tenant passwords for the registry.
 	Sealer *registry.Sealer
+	// BrainAccount and SystemAccount are the public keys of the operator's
+	// BRAIN and system accounts. CreateTenant requires them and refuses
+	// either as a tenant's NATS account: the brain would take turns arriving
+	// on its own account for that tenant's, and the system account's users
+	// are the server's administrators.
+	BrainAccount  string
+	SystemAccount string
 	// Prefix is prepended to every role and database name this Ops creates:
 	// "" in production; tests pass a short random one ("t1a2b_") so parallel
 	// tests in one cluster never collide. Lowercase letters, digits and _.
@@ -165,7 +172,11 @@ func (o *Ops) BootstrapRegistry(ctx context.Context, readerPassword string) (rea
 		return "", fmt.Errorf("bootstrap registry: %w", err)
 	}
 	defer db.Close(context.WithoutCancel(ctx))
+	if _, err := hideCluster(ctx, db); err != nil {
+		return "", fmt.Errorf("bootstrap registry: %w", err)
+	}
 	err = execAll(ctx, db,
+		`ALTER ROLE `+ident(c.registryReader)+` RESET ALL`,
 		`ALTER SCHEMA public OWNER TO `+ident(c.registryOwner),
 		`REVOKE ALL ON SCHEMA public FROM PUBLIC`,
 		`GRANT USAGE ON SCHEMA public TO `+ident(c.registryReader),

@@ -31,7 +31,8 @@ func newOps(t *testing.T) (*provision.Ops, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ops := &provision.Ops{AdminURL: adminURL, Sealer: sealer, Prefix: randomPrefix()}
+	ops := &provision.Ops{AdminURL: adminURL, Sealer: sealer, Prefix: randomPrefix(),
+		BrainAccount: newAccount(t), SystemAccount: newAccount(t)}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -610,7 +611,8 @@ func TestNonSuperuserAdmin(t *testing.T) {
 
 func TestOpsRejectsNamesPostgresWouldTruncate(t *testing.T) {
 	t.Parallel()
-	ops := &provision.Ops{AdminURL: "postgres://x@127.0.0.1:1/postgres", Prefix: "sixteen_chars_pp"}
+	ops := &provision.Ops{AdminURL: "postgres://x@127.0.0.1:1/postgres", Prefix: "sixteen_chars_pp",
+		BrainAccount: newAccount(t), SystemAccount: newAccount(t)}
 	sealer := must(registry.NewSealer(make([]byte, registry.KeySize)))
 	ops.Sealer = sealer
 	spec := validSpec(t, registry.TenantID(strings.Repeat("a", 48)))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nkeys"
 
 	"n8nbrain/catalogue"
 	"n8nbrain/migrations"
@@ -93,9 +94,21 @@ func (o *Ops) CreateTenant(ctx context.Context, spec TenantSpec) (*Tenant, error
 	if c.sealer == nil {
 		return nil, errors.New("provision: Ops.Sealer is required to create a tenant")
 	}
+	if !nkeys.IsValidPublicAccountKey(o.BrainAccount) || !nkeys.IsValidPublicAccountKey(o.SystemAccount) {
+		return nil, errors.New("provision: Ops.BrainAccount and Ops.SystemAccount (account public keys) are required to create a tenant: " +
+			"a tenant must never be registered with either")
+	}
 	spec, err = validateSpec(spec)
 	if err != nil {
 		return nil, err
+	}
+	switch spec.NATSAccount {
+	case o.BrainAccount:
+		return nil, &SpecError{Tenant: spec.ID, Problems: []string{
+			fmt.Sprintf("NATS account %s of tenant %s is the BRAIN account: a tenant needs an account of its own", spec.NATSAccount, spec.ID)}}
+	case o.SystemAccount:
+		return nil, &SpecError{Tenant: spec.ID, Problems: []string{
+			fmt.Sprintf("NATS account %s of tenant %s is the system account: a tenant needs an account of its own", spec.NATSAccount, spec.ID)}}
 	}
 	n, err := c.tenantNames(spec.ID)
 	if err != nil {
@@ -205,7 +218,14 @@ func migrateTenantDB(ctx context.Context, c *cluster, n tenantNames) error {
 	}
 	defer db.Close(context.WithoutCancel(ctx))
 	owner, app := ident(n.owner), ident(n.app)
+	if _, err := hideCluster(ctx, db); err != nil {
+		return fmt.Errorf("database %s: %w", n.db, err)
+	}
+	// A role may set its own defaults (ALTER ROLE CURRENT_USER SET …): the
+	// app role has none but what provisioning gives it, which is nothing.
 	err = execAll(ctx, db,
+		`ALTER ROLE `+app+` RESET ALL`,
+		`ALTER ROLE `+app+` IN DATABASE `+ident(n.db)+` RESET ALL`,
 		`ALTER SCHEMA public OWNER TO `+owner,
 		`REVOKE ALL ON SCHEMA public FROM PUBLIC`,
 		`GRANT USAGE ON SCHEMA public TO `+app,
@@ -243,6 +263,50 @@ func dropTenant(ctx context.Context, admin *pgx.Conn, n tenantNames) error {
 	)
 }
 
+// RepairTenantRole puts a tenant's app role back as provisioning left it:
+// the password sealed in the registry (a role may change its own password,
+// which locks the brain out of the tenant's database), no role-level
+// settings (a role may set its own), and its grants (as MigrateTenant). The
+// brain's next connection logs in again; nothing in the registry changes.
+func (o *Ops) RepairTenantRole(ctx context.Context, id registry.TenantID) error {
+	c, err := o.cluster()
+	if err != nil {
+		return err
+	}
+	if c.sealer == nil {
+		return errors.New("provision: Ops.Sealer is required to repair a tenant's role")
+	}
+	reg, err := c.registryAdmin(ctx)
+	if err != nil {
+		return fmt.Errorf("repair tenant %s: %w", id, err)
+	}
+	t, err := registry.TenantGet(ctx, reg, id)
+	reg.Close(context.WithoutCancel(ctx))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("repair tenant %s: not in the registry", id)
+	}
+	if err != nil {
+		return fmt.Errorf("repair tenant %s: %w", id, err)
+	}
+	pw, err := c.sealer.Open(t.ID, t.DB.PasswordSealed)
+	if err != nil {
+		return fmt.Errorf("repair tenant %s: the sealing key does not open its password: %w", id, err)
+	}
+	pwClause, err := passwordClause(string(pw))
+	if err != nil {
+		return fmt.Errorf("repair tenant %s: %w", id, err)
+	}
+	admin, err := c.connect(ctx, "")
+	if err != nil {
+		return fmt.Errorf("repair tenant %s: %w", id, err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	if err := ensureLoginRole(ctx, admin, t.DB.User, pwClause, appConnLimit); err != nil {
+		return fmt.Errorf("repair tenant %s: %w", id, err)
+	}
+	return o.MigrateTenant(ctx, id)
+}
+
 // MigrateTenant applies the tenant migrations an existing tenant database has
 // not had yet, as its owner, and re-applies the app role's grants: the
 // upgrade path after a release adds migrations.
@@ -264,9 +328,15 @@ func (o *Ops) MigrateTenant(ctx context.Context, id registry.TenantID) error {
 		return fmt.Errorf("migrate tenant %s: %w", id, err)
 	}
 	// The registry row names the database and app role; the owner is
-	// whoever owns the database.
+	// whoever owns the database. Asked as the admin in the maintenance
+	// database: the registry's own hides pg_database (hideCluster).
+	admin, err := c.connect(ctx, "")
+	if err != nil {
+		return fmt.Errorf("migrate tenant %s: %w", id, err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
 	var owner string
-	err = reg.QueryRow(ctx, `SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = $1`, t.DB.Name).Scan(&owner)
+	err = admin.QueryRow(ctx, `SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = $1`, t.DB.Name).Scan(&owner)
 	if err != nil {
 		return fmt.Errorf("migrate tenant %s: look up database %s: %w", id, t.DB.Name, err)
 	}

@@ -151,10 +151,15 @@ func (r *ApprovalDecideRequest) Validate() error {
 	switch {
 	case r.ApprovalID == "":
 		return invalidField("approval_id", "is required")
-	case r.By == "" || len(r.By) > 200 || hasControl(r.By):
+	case r.By == "" || len(r.By) > 200:
 		return invalidField("by", "is required: who decided (at most 200 characters)")
 	case len(r.Reason) > 1000:
 		return invalidField("reason", "is longer than 1000 bytes")
+	}
+	for _, id := range []struct{ field, v string }{{"approval_id", r.ApprovalID}, {"by", r.By}} {
+		if err := identifierError(id.field, id.v); err != nil {
+			return err
+		}
 	}
 	switch r.Decision {
 	case DecisionApprove:

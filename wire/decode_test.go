@@ -140,6 +140,12 @@ func FuzzDecodeTurnSubmitRequest(f *testing.F) {
 			if !errors.As(err, &e) || e.Code != CodeInvalid || e.Message == "" {
 				t.Fatalf("rejection is not a typed invalid error: %T %v", err, err)
 			}
+			if e.Field == "" && e.Reason != ReasonTooLarge {
+				t.Fatalf("rejection names no field: %v", e)
+			}
+			if len(e.Field) > maxFieldBytes {
+				t.Fatalf("field path of %d bytes", len(e.Field))
+			}
 			return
 		}
 		again, err := DecodeTurnSubmitRequest(mustMarshal(t, req))

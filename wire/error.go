@@ -37,6 +37,9 @@ const (
 	ReasonApprovalExpired      = "approval_expired"
 	ReasonTenantQuotaExceeded  = "tenant_quota_exceeded"
 	ReasonNotProvisioned       = "tenant_not_provisioned"
+	ReasonCredentialRefused    = "credential_refused" // the NATS server refuses the edge's credential: not transient
+	ReasonNATSClosed           = "nats_closed"        // the edge's NATS connection is closed for good
+	ReasonTenantDatabaseLogin  = "tenant_database_login_failed"
 )
 
 // Error is the application error: a stable code, an optional reason and a
@@ -79,7 +82,11 @@ func ErrorOf(err error) *Error {
 	}
 	var de *DecodeError
 	if errors.As(err, &de) {
-		return &Error{Code: CodeInvalid, Field: de.Field, Message: de.Error()}
+		field := de.Field
+		if field == "" {
+			field = DocumentField
+		}
+		return &Error{Code: CodeInvalid, Field: field, Message: de.Error()}
 	}
 	return &Error{Code: CodeInternal, Message: "internal error"}
 }

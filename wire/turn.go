@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 )
 
 // Size limits of a turn, enforced by the edge (HTTP) and the brain (NATS).
@@ -231,8 +229,6 @@ func (r *TurnSubmitRequest) Validate() error {
 		return invalidField("work_item_id", "is required")
 	case len(r.WorkItemID) > MaxWorkItemIDBytes:
 		return invalidField("work_item_id", fmt.Sprintf("is longer than %d bytes", MaxWorkItemIDBytes))
-	case hasControl(r.WorkItemID):
-		return invalidField("work_item_id", "contains control characters")
 	case r.Turn < 1 || r.Turn > MaxTurn:
 		return invalidField("turn", fmt.Sprintf("must be between 1 and %d", MaxTurn))
 	case len(r.TenantID) > 128:
@@ -241,6 +237,9 @@ func (r *TurnSubmitRequest) Validate() error {
 		return invalidField("email", "is required on turn 1: it is the work item")
 	case r.Turn == 1 && r.LatestResult != nil:
 		return invalidField("latest_result", "must be absent on turn 1: no action was proposed yet")
+	}
+	if err := r.identifierError(); err != nil {
+		return err
 	}
 	if field := nulField(r); field != "" {
 		// Postgres cannot store U+0000 in text or jsonb: refused at the door
@@ -251,7 +250,7 @@ func (r *TurnSubmitRequest) Validate() error {
 		switch {
 		case strings.TrimSpace(e.From) == "":
 			return invalidField("email.from", "is required")
-		case len(e.From) > 512 || hasControl(e.From):
+		case len(e.From) > 512:
 			return invalidField("email.from", "is not a plausible address")
 		case len(e.Subject) > MaxSubjectBytes:
 			return invalidField("email.subject", fmt.Sprintf("is longer than %d bytes", MaxSubjectBytes))
@@ -276,6 +275,45 @@ func (r *TurnSubmitRequest) Validate() error {
 			return invalidField("latest_result.human_action", "is required with outcome closed_manual")
 		case lr.HumanAction != nil && lr.HumanAction.Kind == "":
 			return invalidField("latest_result.human_action.kind", "is required")
+		}
+	}
+	return nil
+}
+
+// identifierError refuses control and invisible characters in the turn's
+// identifiers and in the address part of its e-mail addresses (see
+// identifierError and addressError in ident.go).
+func (r *TurnSubmitRequest) identifierError() *Error {
+	ids := []struct{ field, v string }{{"work_item_id", r.WorkItemID}, {"tenant_id", r.TenantID}}
+	if e := r.Email; e != nil {
+		ids = append(ids, struct{ field, v string }{"email.message_id", e.MessageID}, struct{ field, v string }{"email.thread_id", e.ThreadID})
+	}
+	if lr := r.LatestResult; lr != nil {
+		ids = append(ids, struct{ field, v string }{"latest_result.action", lr.Action})
+		if h := lr.HumanAction; h != nil {
+			ids = append(ids, struct{ field, v string }{"latest_result.human_action.kind", h.Kind})
+		}
+	}
+	for _, id := range ids {
+		if err := identifierError(id.field, id.v); err != nil {
+			return err
+		}
+	}
+	e := r.Email
+	if e == nil {
+		return nil
+	}
+	if err := addressError("email.from", e.From); err != nil {
+		return err
+	}
+	for _, list := range []struct {
+		field string
+		addrs []string
+	}{{"email.to", e.To}, {"email.cc", e.Cc}} {
+		for i, a := range list.addrs {
+			if err := addressError(fmt.Sprintf("%s[%d]", list.field, i), a); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -313,13 +351,4 @@ func nulField(r *TurnSubmitRequest) string {
 
 func invalidField(field, problem string) *Error {
 	return &Error{Code: CodeInvalid, Field: field, Message: field + " " + problem}
-}
-
-func hasControl(s string) bool {
-	for _, r := range s {
-		if unicode.IsControl(r) || r == utf8.RuneError {
-			return true
-		}
-	}
-	return false
 }

@@ -94,7 +94,8 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, err
 	}
 	s.SealingKey = key
-	s.Ops = &provision.Ops{AdminURL: cfg.AdminURL, Sealer: sealer, Prefix: cfg.Prefix}
+	s.Ops = &provision.Ops{AdminURL: cfg.AdminURL, Sealer: sealer, Prefix: cfg.Prefix,
+		BrainAccount: ids.Brain.Public, SystemAccount: ids.System.Public}
 	s.RegistryURL, err = s.Ops.BootstrapRegistry(ctx, sec.RegistryPassword)
 	if err != nil {
 		s.Close()

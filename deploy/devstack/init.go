@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +67,12 @@ type InitOptions struct {
 	N8NGroup int
 	// Prefix is prepended to provisioned role and database names (tests).
 	Prefix string
+	// RestrictMaintenanceDatabases revokes CONNECT and TEMPORARY on postgres
+	// and template1 from PUBLIC (provision.Ops.RestrictMaintenanceDatabases):
+	// right for the cluster compose runs for the stack alone, since it
+	// changes the defaults of every role in the cluster
+	// [INIT_RESTRICT_MAINTENANCE_DBS: on unless 0 or false].
+	RestrictMaintenanceDatabases bool
 }
 
 // Paths in the state volume, relative to its root. compose.yaml names them.
@@ -110,6 +117,8 @@ func InitOptionsFromEnv(getenv func(string) string) (InitOptions, error) {
 		DBPort:   5432,
 		DBWait:   time.Minute,
 		N8NGroup: -1,
+		RestrictMaintenanceDatabases: !slices.Contains([]string{"0", "false"},
+			strings.ToLower(strings.TrimSpace(getenv("INIT_RESTRICT_MAINTENANCE_DBS")))),
 	}
 	var errs []error
 	if f := getenv("BRAIN_SEALING_KEY_FILE"); f != "" && o.SealingKey == "" {
@@ -240,10 +249,15 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 	if err != nil {
 		return nil, fmt.Errorf("identities in %s: %w", o.Dir, err)
 	}
-	// Secrets given in the environment win over, and replace, kept ones.
+	// Secrets given in the environment win over, and replace, kept ones;
+	// all but the sealing key at once. The sealing key is kept only once it
+	// has opened the tenant's sealed password (or sealed it, on the first
+	// run): a key the registry refuses must never overwrite the kept one,
+	// which may be the only copy of the key that opens every sealed tenant
+	// password (init generated it).
 	err = ids.update(func(k *keyFile) {
 		for _, s := range []struct{ from, to *string }{
-			{&o.SealingKey, &k.SealingKey}, {&o.RegistryPassword, &k.RegistryPassword},
+			{&o.RegistryPassword, &k.RegistryPassword},
 			{&o.WebhookSecret, &k.WebhookSecret}, {&o.ReviewerPassword, &k.ReviewerPassword},
 		} {
 			if *s.from != "" {
@@ -255,7 +269,11 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 		return nil, err
 	}
 	sec := ids.secrets()
-	key, err := registry.ParseKey(sec.SealingKey)
+	sealingKey := sec.SealingKey
+	if o.SealingKey != "" {
+		sealingKey = o.SealingKey
+	}
+	key, err := registry.ParseKey(sealingKey)
 	if err != nil {
 		return nil, fmt.Errorf("sealing key in %s: %w", ids.keyPath(), err)
 	}
@@ -263,12 +281,18 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 	if err != nil {
 		return nil, err
 	}
-	ops := &provision.Ops{AdminURL: o.AdminURL, Host: o.DBHost, Port: o.DBPort, Sealer: sealer, Prefix: o.Prefix}
+	ops := &provision.Ops{AdminURL: o.AdminURL, Host: o.DBHost, Port: o.DBPort, Sealer: sealer, Prefix: o.Prefix,
+		BrainAccount: ids.Brain.Public, SystemAccount: ids.System.Public}
 	res := &InitResult{BrainNATS: ids.Brain.Public}
 
 	res.RegistryURL, err = bootstrapWithRetry(ctx, ops, sec.RegistryPassword, o.DBWait, log)
 	if err != nil {
 		return nil, err
+	}
+	if o.RestrictMaintenanceDatabases {
+		if err := ops.RestrictMaintenanceDatabases(ctx); err != nil {
+			return nil, err
+		}
 	}
 	spec := ClientZeroSpec()
 	acc, created, err := ensureTenant(ctx, ops, sealer, ids, spec)
@@ -276,6 +300,11 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 		return nil, err
 	}
 	res.Tenant, res.TenantNATS, res.CreatedNow = spec.ID, acc.Public, created
+	if sealingKey != sec.SealingKey {
+		if err := ids.update(func(k *keyFile) { k.SealingKey = sealingKey }); err != nil {
+			return nil, err
+		}
+	}
 	token := o.EdgeToken
 	if token == "" {
 		token = ids.secrets().EdgeTokens[string(spec.ID)]

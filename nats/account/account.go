@@ -244,6 +244,37 @@ func (o *Operator) sign(name string, kp nkeys.KeyPair, edit func(*jwt.AccountCla
 	return &Account{kp: kp, Name: name, Public: pub, JWT: tok}, nil
 }
 
+// RevokeUser re-signs acc with the user userPub revoked: every JWT of that
+// user issued at or before at is refused (what `nsc revocations add-user`
+// writes). Once the server has the new account JWT it closes the user's
+// connections and refuses them from then on; a user with another key is
+// unaffected.
+func (o *Operator) RevokeUser(acc *Account, userPub string, at time.Time) (*Account, error) {
+	ac, err := jwt.DecodeAccountClaims(acc.JWT)
+	if err != nil {
+		return nil, fmt.Errorf("decode account %s: %w", acc.Name, err)
+	}
+	ac.RevokeAt(userPub, at)
+	tok, err := ac.Encode(o.kp)
+	if err != nil {
+		return nil, fmt.Errorf("encode account %s: %w", acc.Name, err)
+	}
+	return &Account{kp: acc.kp, Name: acc.Name, Public: acc.Public, JWT: tok}, nil
+}
+
+// CredsUser returns the public key of the user of a .creds file.
+func CredsUser(creds []byte) (string, error) {
+	tok, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return "", fmt.Errorf("read creds: %w", err)
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		return "", fmt.Errorf("decode user JWT: %w", err)
+	}
+	return uc.Subject, nil
+}
+
 // Role selects a user's permissions.
 type Role int
 

@@ -37,6 +37,9 @@ const ReasonSendNotApproved = "send_reply_not_approved"
 // Pools gives the pool of a tenant's own database.
 type Pools interface {
 	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
+	// Check returns err, or a *tenancy.LoginError when the tenant's
+	// database refuses the tenant's role (and records it).
+	Check(t *registry.Tenant, err error) error
 }
 
 // Timers sets a tenant's timers (timer.Timers).
@@ -379,13 +382,13 @@ func (a *Approvals) Sweep(ctx context.Context, t *registry.Tenant) (int, error) 
 	}
 	pool, err := a.pools.Pool(ctx, t)
 	if err != nil {
-		return 0, err
+		return 0, a.pools.Check(t, err)
 	}
 	total := 0
 	for {
 		n, err := store.ApprovalSweep(ctx, pool, 500)
 		if err != nil {
-			return total, fmt.Errorf("tenant %s: %w", t.ID, err)
+			return total, fmt.Errorf("tenant %s: %w", t.ID, a.pools.Check(t, err))
 		}
 		total += n
 		if n < 500 {

@@ -22,6 +22,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"n8nbrain/brain/internal/store"
+	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
 )
@@ -55,6 +57,9 @@ func (c Config) withDefaults() Config {
 // Pools gives the pool of a tenant's own database.
 type Pools interface {
 	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
+	// Check returns err, or a *tenancy.LoginError when the tenant's
+	// database refuses the tenant's role (and records and logs it).
+	Check(t *registry.Tenant, err error) error
 }
 
 // Timers sets a tenant's timers (timer.Timers).
@@ -112,7 +117,9 @@ func (f *Forwarder) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if err := f.Forward(ctx, t); err != nil && ctx.Err() == nil {
+			err := f.Forward(ctx, t)
+			var le *tenancy.LoginError
+			if err != nil && ctx.Err() == nil && !errors.As(err, &le) { // a refused login is logged once, by Check
 				f.log.Warn("forward events", "tenant_id", t.ID, "error", err)
 			}
 		}
@@ -126,6 +133,10 @@ func (f *Forwarder) Forward(ctx context.Context, t *registry.Tenant) error {
 	if t.Status != registry.TenantStatusActive {
 		return nil
 	}
+	return f.pools.Check(t, f.forward(ctx, t))
+}
+
+func (f *Forwarder) forward(ctx context.Context, t *registry.Tenant) error {
 	pool, err := f.pools.Pool(ctx, t)
 	if err != nil {
 		return err

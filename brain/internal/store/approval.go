@@ -262,24 +262,30 @@ func ApprovalDecide(ctx context.Context, db interface {
 // and the status check make every expiry happen exactly once, and a
 // concurrent human decision either wins the row lock (and the sweeper skips
 // it) or finds it expired.
+//
+// Each event id is drawn in the RETURNING list of the UPDATE, which is
+// evaluated once per updated row. A volatile subquery that does not
+// reference the outer rows (a CROSS JOIN LATERAL (SELECT gen_random_uuid()))
+// may be planned as the outer side of a nested loop and evaluated once for
+// the whole statement, which, once the table has statistics, gave every
+// event of a sweep the same id and failed it on outbox_pkey for ever.
 func ApprovalSweep(ctx context.Context, q DBTX, limit int) (int, error) {
 	tag, err := q.Exec(ctx, `WITH due AS (
 			SELECT id FROM approvals WHERE status = 'pending' AND expires_at <= now()
 			ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
 		), expired AS (
 			UPDATE approvals a SET status = 'expired', decided_at = now(), decided_by = 'expiry'
-			FROM due WHERE a.id = due.id RETURNING a.id, a.work_item_id
+			FROM due WHERE a.id = due.id RETURNING a.id, a.work_item_id, gen_random_uuid() AS event_id
 		), requeued AS (
 			UPDATE work_items w SET status = 'escalated', status_reason = 'approval_expired', needs_human = true, updated_at = now()
 			FROM expired e WHERE w.id = e.work_item_id RETURNING w.id, w.turn
 		)
 		INSERT INTO outbox (id, kind, work_item_id, payload)
-		SELECT ev.id, 'approval_expired', e.work_item_id, jsonb_build_object(
-				'event_id', ev.id::text, 'kind', 'approval_expired', 'work_item_id', e.work_item_id,
+		SELECT e.event_id, 'approval_expired', e.work_item_id, jsonb_build_object(
+				'event_id', e.event_id::text, 'kind', 'approval_expired', 'work_item_id', e.work_item_id,
 				'next_turn', r.turn + 1, 'approval_id', e.id::text, 'reason', 'approval_expired',
 				'occurred_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
-		FROM expired e JOIN requeued r ON r.id = e.work_item_id
-		CROSS JOIN LATERAL (SELECT gen_random_uuid() AS id) ev`, limit)
+		FROM expired e JOIN requeued r ON r.id = e.work_item_id`, limit)
 	if err != nil {
 		return 0, translate(err, "sweep expired approvals")
 	}

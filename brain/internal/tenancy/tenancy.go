@@ -66,6 +66,11 @@ type Directory struct {
 	byAccount map[string]*registry.Tenant
 	byID      map[registry.TenantID]*registry.Tenant
 	pools     map[registry.TenantID]*tenantPool
+
+	// Tenants whose database refuses their role (see Check).
+	loginMu       sync.Mutex
+	loginFailing  map[registry.TenantID]loginState
+	loginFailures map[registry.TenantID]int64
 }
 
 type tenantPool struct {
@@ -93,7 +98,8 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Directory, error)
 	if err != nil {
 		return nil, fmt.Errorf("connect registry: %w", err)
 	}
-	d := &Directory{cfg: cfg, reg: reg, log: log, byAccount: map[string]*registry.Tenant{}, byID: map[registry.TenantID]*registry.Tenant{}, pools: map[registry.TenantID]*tenantPool{}}
+	d := &Directory{cfg: cfg, reg: reg, log: log, byAccount: map[string]*registry.Tenant{}, byID: map[registry.TenantID]*registry.Tenant{}, pools: map[registry.TenantID]*tenantPool{},
+		loginFailing: map[registry.TenantID]loginState{}, loginFailures: map[registry.TenantID]int64{}}
 	if err := d.reloadAll(ctx); err != nil {
 		reg.Close()
 		return nil, err
@@ -179,6 +185,17 @@ func (d *Directory) pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool
 	pc.ConnConfig.ConnectTimeout = 5 * time.Second
 	pc.ConnConfig.RuntimeParams["application_name"] = "brain"
 	pc.ConnConfig.RuntimeParams["statement_timeout"] = "10000"
+	// A role may set its own defaults (ALTER ROLE CURRENT_USER SET …);
+	// settings sent at connection start win over them, so the ones the
+	// brain's SQL relies on are pinned here.
+	pc.ConnConfig.RuntimeParams["search_path"] = "public"
+	pc.ConnConfig.RuntimeParams["default_transaction_read_only"] = "off"
+	pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
+	id := t.ID
+	pc.AfterConnect = func(context.Context, *pgx.Conn) error {
+		d.loginWorks(id)
+		return nil
+	}
 	pc.MaxConns = d.cfg.PerTenantConns
 	pc.MinConns = 0
 	pc.MaxConnIdleTime = d.cfg.IdleTimeout

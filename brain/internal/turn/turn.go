@@ -18,6 +18,7 @@ import (
 
 	"n8nbrain/brain/internal/engine"
 	"n8nbrain/brain/internal/store"
+	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
@@ -26,6 +27,9 @@ import (
 // Pools gives the pool of a tenant's own database.
 type Pools interface {
 	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
+	// Check returns err, or a *tenancy.LoginError when the tenant's
+	// database refuses the tenant's role (and records it).
+	Check(t *registry.Tenant, err error) error
 }
 
 // Extension takes part in every turn that decides: Guard may replace the
@@ -135,17 +139,33 @@ func (p *Processor) Process(ctx context.Context, t *registry.Tenant, m Message) 
 	}
 	pool, err := p.pools.Pool(ctx, t)
 	if err != nil {
-		return Answer{}, err
+		return p.failed(ans, t, err)
 	}
 	// Two attempts: a commit that loses a race re-reads and usually replays.
 	for attempt := 0; attempt < 2; attempt++ {
-		ans, err := p.attempt(ctx, pool, t, req, m, ans)
+		got, err := p.attempt(ctx, pool, t, req, m, ans)
 		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
-		return ans, err
+		if err != nil {
+			return p.failed(ans, t, err)
+		}
+		return got, nil
 	}
 	return Answer{}, fmt.Errorf("turn %d of a work item: lost the commit race twice", req.Turn)
+}
+
+// failed returns a transient error to retry, except a tenant database that
+// refuses the tenant's role: retrying would not mend it, so the turn is
+// answered at once with the error saying so (the edge re-drives the turn
+// when n8n submits it again, once the role is repaired).
+func (p *Processor) failed(ans Answer, t *registry.Tenant, err error) (Answer, error) {
+	err = p.pools.Check(t, err)
+	var le *tenancy.LoginError
+	if errors.As(err, &le) {
+		return p.reject(ans, wire.ErrorOf(err)), nil
+	}
+	return Answer{}, err
 }
 
 func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry.Tenant, req *wire.TurnSubmitRequest, m Message, ans Answer) (Answer, error) {
