@@ -283,8 +283,9 @@ func TestExpiryRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	// Work items awaiting approval, their approvals expiring from 300ms in
-	// the past to 1.2s in the future (the database's clock).
+	// Work items awaiting approval, their approvals expiring from 1.2s in
+	// the past to 4.6s in the future (the database's clock): wide enough to
+	// straddle the approvals on a loaded machine.
 	if _, err := pool.Exec(ctx, `
 		INSERT INTO work_items (id, turn, status, needs_human, catalogue_version, approval_mode, last_action, action_state)
 		SELECT 'exp-' || i, 1, 'awaiting_approval', false, 1, 'review_app', 'draft_reply', 'pending' FROM generate_series(1, $1) i;
@@ -294,7 +295,7 @@ func TestExpiryRace(t *testing.T) {
 	if _, err := pool.Exec(ctx, `
 		INSERT INTO approvals (id, work_item_id, turn, action, catalogue_version, approval_mode, proof, status, proposed, proposed_sha256, expires_at)
 		SELECT gen_random_uuid(), 'exp-' || i, 1, 'draft_reply', 1, 'review_app', 'exact_text', 'pending',
-			'{"body":"b","subject":"s"}', repeat('a', 64), now() + make_interval(secs => (i % 30 - 6) * 0.05)
+			'{"body":"b","subject":"s"}', repeat('a', 64), now() + make_interval(secs => (i % 30 - 6) * 0.2)
 		FROM generate_series(1, $1) i`, n); err != nil {
 		t.Fatal(err)
 	}

@@ -340,7 +340,9 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 	if len(body) < 50_000 {
 		t.Fatalf("the body is %d bytes", len(body))
 	}
-	id := rs.submitEmail(t, "<hostile\u202Egpj.exe@evil.example>", "Mallory \u202Efdp.exe <m@evil.example>",
+	// The intake refuses hidden characters in ids; a display name, subject
+	// and body keep them, and the page must show them.
+	id := rs.submitEmail(t, "<hostile-gpj.exe@evil.example>", "Mallory \u202Efdp.exe <m@evil.example>",
 		`hostile <script>window.__pwned=1</script> file`, body)
 	rs.submitEmail(t, "<long@customer.example>", "A Very Long Sender Name That Goes On And On Pty Ltd <accounts-receivable-department@a-very-long-domain-name.example>",
 		"quote: "+strings.Repeat("averyveryverylongwordwithoutanyspaces", 4), "body")
@@ -417,9 +419,10 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 		if !strings.Contains(draft, "report⟦U+202E right-to-left override⟧fdp.exe⟦U+200B zero-width space⟧") {
 			t.Errorf("the reply's hidden characters are not visible in the form: %q", draft)
 		}
-		// The message id's override is a marker in the evidence.
+		// The evidence opens (the intake refuses such characters in ids, so
+		// the message id is plain there).
 		wide.do(t, chromedp.Click(css("#evidence summary")))
-		wide.wantText(t, "hostile⟦U+202E right-to-left override⟧gpj.exe@evil.example")
+		wide.wantText(t, "hostile-gpj.exe@evil.example")
 
 		// 50 KB are collapsed: the decision is within reach, the rest one click away.
 		var layout map[string]any

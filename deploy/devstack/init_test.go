@@ -182,12 +182,12 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 
 	// brain and edge, configured from the environment as compose does.
 	brainEnv := map[string]string{
-		"BRAIN_NATS_URL":       ns.ClientURL(),
-		"BRAIN_NATS_CREDS":     filepath.Join(e.dir, devstack.InitBrainCreds),
-		"BRAIN_REGISTRY_URL":   again.RegistryURL,
-		"BRAIN_SEALING_KEY":    e.opts.SealingKey,
-		"BRAIN_REPLICA":        "init-test",
-		"BRAIN_EVENT_INTERVAL": "200ms",
+		"BRAIN_NATS_URL":         ns.ClientURL(),
+		"BRAIN_NATS_CREDS":       filepath.Join(e.dir, devstack.InitBrainCreds),
+		"BRAIN_REGISTRY_URL":     again.RegistryURL,
+		"BRAIN_SEALING_KEY":      e.opts.SealingKey,
+		"BRAIN_REPLICA":          "init-test",
+		"BRAIN_EVENT_RETRY_BASE": "200ms",
 	}
 	bcfg, err := brain.ConfigFromEnv(func(k string) string { return brainEnv[k] })
 	if err != nil {
