@@ -78,7 +78,7 @@ func (a *Approvals) Guard(ctx context.Context, q store.DBTX, in *engine.Input, o
 }
 
 // Extend writes, in the turn's transaction, the approval record of an
-// action that requires one, supersedes a pending approval when a human
+// action that requires one with its approval_requested event, supersedes a pending approval when a human
 // acted outside the loop, and writes the item_halted event.
 func (a *Approvals) Extend(_ context.Context, t *registry.Tenant, w *store.TurnWrite, out *engine.Outcome, reply *wire.TurnSubmitReply) error {
 	it := w.Item
@@ -98,7 +98,12 @@ func (a *Approvals) Extend(_ context.Context, t *registry.Tenant, w *store.TurnW
 			Proposed:         out.Action.Params,
 			ProposedSHA256:   wire.ContentSHA256(out.Action.Params),
 		}
-		w.Extra = append(w.Extra, store.ApprovalInsert(rec, t.ApprovalTTL))
+		// The record and the event that tells n8n to notify reviewers are
+		// one transaction: a draft nobody hears about cannot exist.
+		w.Extra = append(w.Extra, store.ApprovalInsert(rec, t.ApprovalTTL),
+			store.OutboxInsert(wire.Event{EventID: uuid.NewString(), Kind: wire.EventApprovalRequested,
+				WorkItemID: it.ID, NextTurn: it.Turn + 1, ApprovalID: rec.ID, Action: rec.Action, OccurredAt: time.Now().UTC()}))
+		w.AfterCommit = a.kick
 		reply.Action.ApprovalID = rec.ID
 	}
 	switch out.Status {
