@@ -42,6 +42,8 @@ type keyFile struct {
 	ReviewerPassword string            `json:"reviewer_password"`
 	RegistryPassword string            `json:"registry_reader_password"`
 	WebhookSecret    string            `json:"webhook_secret,omitempty"`
+	// IntakeSecret protects n8n's intake webhook; never the events secret.
+	IntakeSecret string `json:"intake_secret,omitempty"`
 }
 
 // operatorName names the development operator in its JWT.
@@ -120,6 +122,9 @@ func (id *Identities) load() error {
 	}
 	if k.WebhookSecret == "" {
 		k.WebhookSecret = randomToken()
+	}
+	if k.IntakeSecret == "" {
+		k.IntakeSecret = randomToken()
 	}
 	id.keys = k
 	return nil

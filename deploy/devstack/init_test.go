@@ -123,22 +123,34 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 		t.Errorf("edge creds at %s, compose.yaml expects %s", again.EdgeCreds, got)
 	}
 
-	// n8n's credentials, as `n8n import:credentials` reads them.
+	// n8n's credentials, as `n8n import:credentials` reads them, and the
+	// settings workflow with the edge's address as compose's n8n sees it.
 	var creds []struct {
 		ID, Name, Type string
-		Data           map[string]string
+		Data           map[string]any
 	}
 	b, err := os.ReadFile(again.N8NCredsFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(b, &creds); err != nil || len(creds) != 2 {
+	if err := json.Unmarshal(b, &creds); err != nil || len(creds) != 5 {
 		t.Fatalf("n8n credentials %s: %v", b, err)
 	}
-	edgeAuth, hookAuth := creds[0].Data, creds[1].Data
-	if creds[0].ID != devstack.N8NEdgeCredentialID || edgeAuth["name"] != "Authorization" ||
-		creds[1].ID != devstack.N8NHookCredentialID || hookAuth["name"] != edge.HeaderWebhookToken {
+	byID := map[string]map[string]any{}
+	for _, c := range creds {
+		byID[c.ID] = c.Data
+	}
+	edgeAuth, hookAuth, intake := byID[devstack.N8NEdgeCredentialID], byID[devstack.N8NEventCredentialID], byID[devstack.N8NIntakeCredentialID]
+	if edgeAuth["name"] != "Authorization" || hookAuth["name"] != edge.HeaderWebhookToken || intake["name"] != devstack.N8NIntakeHeader ||
+		intake["value"] == hookAuth["value"] || byID[devstack.N8NIMAPCredentialID] == nil || byID[devstack.N8NSMTPCredentialID] == nil {
 		t.Fatalf("n8n credentials: %+v", creds)
+	}
+	settings, err := os.ReadFile(again.N8NSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(settings), `\"edge_url\":\"http://edge:8480\"`) {
+		t.Fatalf("n8n settings without compose's edge address: %s", settings)
 	}
 
 	// nats-server from the written configuration.
@@ -160,7 +172,7 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 	// n8n's webhook node: checks the header its credential names.
 	events := make(chan wire.Event, 4)
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(hookAuth["name"]) != hookAuth["value"] {
+		if r.Header.Get(hookAuth["name"].(string)) != hookAuth["value"] {
 			http.Error(w, "Authorization data is wrong!", http.StatusForbidden)
 			return
 		}
@@ -230,7 +242,7 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 			rd = bytes.NewReader(b)
 		}
 		req, _ := http.NewRequest(method, base+path, rd)
-		req.Header.Set(edgeAuth["name"], edgeAuth["value"]) // as n8n's Header Auth sends it
+		req.Header.Set(edgeAuth["name"].(string), edgeAuth["value"].(string)) // as n8n's Header Auth sends it
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
