@@ -102,8 +102,7 @@ func InitOptionsFromEnv(getenv func(string) string) (InitOptions, error) {
 			Sync:     strings.TrimSpace(getenv("NATS_SYNC_INTERVAL")),
 		},
 		N8N: N8NOptions{
-			EdgeURL:      firstNonEmpty(strings.TrimSpace(getenv("INIT_N8N_EDGE_URL")), "http://edge:8480"),
-			ReviewURL:    "http://127.0.0.1:8480",
+			EdgeURL:      strings.TrimSpace(getenv("INIT_N8N_EDGE_URL")),
 			IntakeSecret: strings.TrimSpace(getenv("N8NBRAIN_INTAKE_SECRET")),
 		},
 		DBPort:   5432,
@@ -158,6 +157,12 @@ func (o InitOptions) withDefaults() InitOptions {
 	}
 	if o.ReviewerName == "" {
 		o.ReviewerName = "dev"
+	}
+	if o.N8N.EdgeURL == "" {
+		o.N8N.EdgeURL = "http://edge:8480"
+	}
+	if o.N8N.ReviewURL == "" {
+		o.N8N.ReviewURL = "http://127.0.0.1:8480" // compose publishes the edge there
 	}
 	if o.NATS.StoreDir == "" {
 		o.NATS.StoreDir = "/data/jetstream"

@@ -187,7 +187,7 @@ func setup(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	dbURL.Path = "/" + tn.DB.DBName
-	if w.tenantDB, err = pgx.Connect(ctx, dbURL.String()); err != nil {
+	if w.tenantDB, err = pgx.Connect(context.Background(), dbURL.String()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.tenantDB.Close(context.Background()) })
@@ -268,16 +268,15 @@ func (w *world) startN8N(adminURL, prefix string, port int, importDir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("n8n", "start")
-	cmd.Env, cmd.Stdout, cmd.Stderr = env, logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var n8nPath string
 	for _, e := range env {
 		if p, ok := strings.CutPrefix(e, "PATH="); ok {
-			if path, err := lookPathIn("n8n", p); err == nil {
-				cmd.Path = path
-			}
+			n8nPath, _ = lookPathIn("n8n", p)
 		}
 	}
+	cmd := exec.Command(n8nPath, "start")
+	cmd.Env, cmd.Stdout, cmd.Stderr = env, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
