@@ -34,6 +34,14 @@ CRED_IMAP = {"imap": {"id": "n8nbrainImap", "name": "n8nbrain mailbox (IMAP)"}}
 CRED_SMTP = {"smtp": {"id": "n8nbrainSmtp", "name": "n8nbrain mailbox (SMTP)"}}
 
 
+def expr(code):
+    """An n8n expression around JavaScript code. n8n ends an expression at
+    the first "}}", so nested object literals must not close two at once."""
+    while "}}" in code or "{{" in code:
+        code = code.replace("}}", "} }").replace("{{", "{ {")
+    return "={{ " + code + " }}"
+
+
 class Workflow:
     def __init__(self, wid, name, save_data=True):
         self.id, self.name, self.nodes, self.conns = wid, name, [], {}
@@ -100,10 +108,10 @@ def call(w, name, wid, pos, **extra):
     }, pos, **extra)
 
 
-def setjson(w, name, expr, pos, **extra):
+def setjson(w, name, code, pos, **extra):
     """A Set node whose output is the JSON object the expression builds."""
     return w.node(name, "n8n-nodes-base.set", 3.4, {
-        "mode": "raw", "jsonOutput": "={{ JSON.stringify(" + expr + ") }}", "options": {},
+        "mode": "raw", "jsonOutput": expr("JSON.stringify(" + code + ")"), "options": {},
     }, pos, **extra)
 
 
@@ -125,7 +133,7 @@ def conditions(*cs, combinator="and"):
 def if_(w, name, expr_true, pos, **extra):
     """An If node on one boolean expression: output 0 true, 1 false."""
     return w.node(name, "n8n-nodes-base.if", 2.2, {
-        "conditions": conditions(cond("={{ " + expr_true + " }}", "true", type_="boolean")),
+        "conditions": conditions(cond(expr(expr_true), "true", type_="boolean")),
         "looseTypeValidation": True, "options": {},
     }, pos, **extra)
 
@@ -133,7 +141,7 @@ def if_(w, name, expr_true, pos, **extra):
 def switch(w, name, rules, pos, fallback=True):
     """rules: [(output name, boolean expression)], in order; the fallback
     output, when kept, comes last."""
-    values = [{"conditions": conditions(cond("={{ " + e + " }}", "true", type_="boolean")),
+    values = [{"conditions": conditions(cond(expr(e), "true", type_="boolean")),
                "renameOutput": True, "outputKey": k} for k, e in rules]
     opts = {"fallbackOutput": "extra", "renameFallbackOutput": "other"} if fallback else {}
     return w.node(name, "n8n-nodes-base.switch", 3.2, {
@@ -141,7 +149,7 @@ def switch(w, name, rules, pos, fallback=True):
 
 
 def stop(w, name, message_expr, pos):
-    return w.node(name, "n8n-nodes-base.stopAndError", 1, {"errorMessage": "={{ " + message_expr + " }}"}, pos)
+    return w.node(name, "n8n-nodes-base.stopAndError", 1, {"errorMessage": expr(message_expr)}, pos)
 
 
 def noop(w, name, pos, note_=None):
@@ -150,7 +158,7 @@ def noop(w, name, pos, note_=None):
 
 
 def wait(w, name, seconds_expr, pos):
-    return w.node(name, "n8n-nodes-base.wait", 1.1, {"amount": "={{ " + seconds_expr + " }}", "unit": "seconds"},
+    return w.node(name, "n8n-nodes-base.wait", 1.1, {"amount": expr(seconds_expr), "unit": "seconds"},
                   pos, webhookId=str(uuid.uuid5(NS, w.id + "/wait/" + name)))
 
 
@@ -159,12 +167,12 @@ def http(w, name, method, url_expr, pos, body_expr=None, timeout=30000):
     body) as the item, never an error for an HTTP status (the caller routes
     on statusCode), retried only when the edge cannot be reached at all."""
     p = {
-        "method": method, "url": "={{ " + url_expr + " }}",
+        "method": method, "url": expr(url_expr),
         "authentication": "genericCredentialType", "genericAuthType": "httpHeaderAuth",
         "options": {"response": {"response": {"fullResponse": True, "neverError": True}}, "timeout": timeout},
     }
     if body_expr:
-        p.update(sendBody=True, specifyBody="json", jsonBody="={{ JSON.stringify(" + body_expr + ") }}")
+        p.update(sendBody=True, specifyBody="json", jsonBody=expr("JSON.stringify(" + body_expr + ")"))
     return w.node(name, "n8n-nodes-base.httpRequest", 4.2, p, pos, credentials=CRED_EDGE,
                   retryOnFail=True, maxTries=3, waitBetweenTries=2000)
 
@@ -176,7 +184,7 @@ def dedupe(w, name, key_expr, pos, always=False):
     return w.node(name, "n8n-nodes-base.removeDuplicates", 2, {
         "operation": "removeItemsSeenInPreviousExecutions",
         "logic": "removeItemsWithAlreadySeenKeyValues",
-        "dedupeValue": "={{ " + key_expr + " }}",
+        "dedupeValue": expr(key_expr),
         "options": {"scope": "workflow", "historySize": 100000},
     }, pos, **extra)
 
@@ -184,10 +192,10 @@ def dedupe(w, name, key_expr, pos, always=False):
 def send_email(w, name, to_expr, subject_expr, text_expr, pos):
     return w.node(name, "n8n-nodes-base.emailSend", 2.1, {
         "fromEmail": "={{ $('Settings').first().json.mail_from }}",
-        "toEmail": "={{ " + to_expr + " }}",
-        "subject": "={{ " + subject_expr + " }}",
+        "toEmail": expr(to_expr),
+        "subject": expr(subject_expr),
         "emailFormat": "text",
-        "text": "={{ " + text_expr + " }}",
+        "text": expr(text_expr),
         "options": {"appendAttribution": False},
     }, pos, credentials=CRED_SMTP)
 
@@ -263,7 +271,13 @@ CANON = ("(function canon(v) { if (Array.isArray(v)) return '[' + v.map(canon).j
          "return JSON.stringify(v).replace(/</g, '\\\\u003c').replace(/>/g, '\\\\u003e').replace(/&/g, '\\\\u0026')"
          ".replace(/\\u2028/g, '\\\\u2028').replace(/\\u2029/g, '\\\\u2029'); })")
 
-COPY_KEY = "(s, t) => 'copy:' + ((s || '').trim() + '\\n' + (t || '').replace(/\\r\\n/g, '\\n').trim()).hash('sha256')"
+# A sent copy's key: recipient, subject, text and the minute it was written.
+# The Send Email node cannot add a header naming the approval, so the copy
+# is matched on what it carries; the minute keeps two identical replies to
+# one person apart unless they were sent within minutes of each other.
+COPY_KEY = ("(to, s, t, m) => 'copy:' + (String(to || '').toLowerCase() + '\\n' + String(s || '').trim() + '\\n' + "
+            "String(t || '').replace(/\\r\\n/g, '\\n').trim() + '\\n' + m).hash('sha256')")
+ADDRESS = "(a) => ((String(a || '').match(/<([^>]+)>/) || [null, String(a || '')])[1]).trim().toLowerCase()"
 
 
 def act_workflow():
@@ -358,7 +372,8 @@ def act_workflow():
     w.connect("Reported?", "closed_manual refused", 1)
 
     # --- sent copy -------------------------------------------------------
-    dedupe(w, "Record the copy", "(" + COPY_KEY + ")($('Called').first().json.subject, $('Called').first().json.text)", (300, 1480))
+    dedupe(w, "Record the copy", "(" + COPY_KEY + ")($('Called').first().json.to, $('Called').first().json.subject, "
+           "$('Called').first().json.text, $('Called').first().json.minute)", (300, 1480))
     w.connect("Op", "Record the copy", 3)
     return w
 
@@ -382,8 +397,7 @@ def route_decision(w, pos):
             "const content = a.edited || a.proposed || {}; const p = d.action.params; "
             "return {decision: d, status: $json.statusCode, approval_id: p.approval_id, work_item_id: d.work_item_id, "
             "hash_ok: $json.statusCode === 200 && a.status === 'approved' && " + CANON + "(content).hash('sha256') === p.content_sha256 && a.approved_sha256 === p.content_sha256, "
-            "to: ($json.body.email || {}).from || '', subject: content.subject, body: content.body, "
-            "copy_key: (" + COPY_KEY + ")(content.subject, content.body)}; })()", (x + 480, y - 700))
+            "to: ($json.body.email || {}).from || '', subject: content.subject, body: content.body}; })()", (x + 480, y - 700))
     if_(w, "Exactly the approved text?", "$json.hash_ok && $json.to !== ''", (x + 700, y - 700))
     dedupe(w, "Once per approval", "'send:' + $json.approval_id", (x + 920, y - 760))
     dedupe(w, "Thread: ours?", "'thread:' + $json.work_item_id", (x + 1140, y - 760), always=True)
@@ -415,17 +429,25 @@ def route_decision(w, pos):
     # verify_reply_sent: wait for the Sent folder's copy, then look it up.
     setjson(w, "To verify", "{decision: $json.decision}", (x + 140, y - 200))
     http(w, "Content to verify", "GET", "$('Settings').first().json.edge_url + '/v1/approvals/' + encodeURIComponent($json.decision.action.params.approval_id)", (x + 260, y - 200))
+    # The copy's minute is when the reply was written, moments before the
+    # send that ended unknown: look at the minutes around now.
     setjson(w, "Copy key", "(() => { const a = $json.body.approval || {}; const c = a.edited || a.proposed || {}; "
-            "return {decision: $('To verify').last().json.decision, status: $json.statusCode, copy_key: (" + COPY_KEY + ")(c.subject, c.body), "
+            "const to = (" + ADDRESS + ")(($json.body.email || {}).from); const m = Math.floor(Date.now() / 60000); "
+            "return {decision: $('To verify').last().json.decision, status: $json.statusCode, "
+            "keys: [m - 3, m - 2, m - 1, m, m + 1].map(k => (" + COPY_KEY + ")(to, c.subject, c.body, k)), "
             "wait: Number($('Settings').first().json.verify_wait_seconds) || 60}; })()", (x + 480, y - 200))
     wait(w, "Wait for the copy", "$json.wait", (x + 700, y - 200))
-    dedupe(w, "Copy not seen?", "$json.copy_key", (x + 920, y - 200), always=True)
-    setjson(w, "Verified", "{request: {work_item_id: $('Copy key').last().json.decision.work_item_id, turn: $('Copy key').last().json.decision.next_turn, "
-            "latest_result: {action: 'verify_reply_sent', outcome: $json.copy_key === undefined ? 'succeeded' : 'failed', "
-            "detail: $json.copy_key === undefined ? 'a copy is in the Sent folder' : 'no copy in the Sent folder after ' + $('Copy key').last().json.wait + ' s'}}}", (x + 1140, y - 200))
+    w.node("One key per minute", "n8n-nodes-base.splitOut", 1, {"fieldToSplitOut": "keys", "include": "noOtherFields", "options": {}}, (x + 810, y - 200))
+    dedupe(w, "Copy not seen?", "$json.keys", (x + 920, y - 200), always=True)
+    # Every key that passes was never recorded; fewer than all passing means
+    # a copy was seen.
+    setjson(w, "Verified", "(() => { const seen = $input.all().filter(i => i.json.keys !== undefined).length < 5; "
+            "return {request: {work_item_id: $('Copy key').last().json.decision.work_item_id, turn: $('Copy key').last().json.decision.next_turn, "
+            "latest_result: {action: 'verify_reply_sent', outcome: seen ? 'succeeded' : 'failed', "
+            "detail: seen ? 'a copy is in the Sent folder' : 'no copy in the Sent folder after ' + $('Copy key').last().json.wait + ' s'}}}; })()", (x + 1140, y - 200), executeOnce=True)
     w.connect("Route decision", "To verify", 1)
     w.connect("To verify", "Content to verify")
-    w.chain("Content to verify", "Copy key", "Wait for the copy", "Copy not seen?", "Verified")
+    w.chain("Content to verify", "Copy key", "Wait for the copy", "One key per minute", "Copy not seen?", "Verified")
 
     # escalate_item: tell a person.
     send_email(w, "Notify: a person decides", "$('Settings').first().json.notify_to",
@@ -538,7 +560,8 @@ def imap_workflow():
     if_(w, "Answers a thread?", "!!$json.inReplyTo", (-80, 400))
     setjson(w, "Human reply", "{op: 'human_reply', work_item_id: $json.inReplyTo, human_action: {kind: 'replied', "
             "text: ($json.text || '').slice(0, 2000), at: $json.date}}", (140, 320))
-    setjson(w, "Sent copy", "{op: 'sent_copy', subject: $json.subject || '', text: $json.text || ''}", (140, 480))
+    setjson(w, "Sent copy", "{op: 'sent_copy', to: ((($json.to || {}).value || [])[0] || {}).address || '', subject: $json.subject || '', "
+            "text: $json.text || '', minute: Math.floor(new Date($json.date || Date.now()).getTime() / 60000)}", (140, 480))
     call(w, "Reconcile", ACT, (360, 320))
     call(w, "Record the copy", ACT, (360, 480))
     w.chain("Sent mail", "Answers a thread?")

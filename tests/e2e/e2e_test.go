@@ -410,15 +410,41 @@ func (w *world) idle(t *testing.T) {
 	t.Helper()
 	eventually(t, 2*time.Minute, "n8n to finish every run and the edge to deliver every event", func() bool {
 		var running, undelivered int
-		_ = w.n8nDB.QueryRow(context.Background(), `SELECT count(*) FROM execution_entity WHERE finished = false AND status NOT IN ('error', 'crashed', 'canceled')`).Scan(&running)
+		// Workflows that keep no run data (the settings, the two webhook
+		// receivers) leave their rows "running"; the work they start runs
+		// in workflows that keep theirs.
+		_ = w.n8nDB.QueryRow(context.Background(), `SELECT count(*) FROM execution_entity WHERE finished = false
+			AND status NOT IN ('error', 'crashed', 'canceled') AND "workflowId" NOT IN ('n8nbrainSettings', 'n8nbrainEvents', 'n8nbrainIntake')`).Scan(&running)
 		_ = w.tenantDB.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE delivered_at IS NULL`).Scan(&undelivered)
 		return running == 0 && undelivered == 0
 	})
 }
 
-func (w *world) deliver(t *testing.T, id, subject, body string, extra ...string) {
+// lastExecution is the id of n8n's latest run.
+func (w *world) lastExecution() int {
+	var id int
+	_ = w.n8nDB.QueryRow(context.Background(), `SELECT COALESCE(max(id), 0) FROM execution_entity`).Scan(&id)
+	return id
+}
+
+// actRuns waits for n finished runs of the act workflow after run mark.
+func (w *world) actRuns(t *testing.T, mark, n int) {
 	t.Helper()
-	if err := w.imap.save("INBOX", email(id, "Jo Bloggs <"+customer+">", mailFrom, subject, body, extra...)); err != nil {
+	eventually(t, 2*time.Minute, fmt.Sprintf("%d runs of n8nbrain: act", n), func() bool {
+		var c int
+		_ = w.n8nDB.QueryRow(context.Background(), `SELECT count(*) FROM execution_entity WHERE id > $1
+			AND "workflowId" = 'n8nbrainAct' AND finished`, mark).Scan(&c)
+		return c >= n
+	})
+}
+
+func (w *world) deliver(t *testing.T, id, subject, body string) {
+	w.deliverFrom(t, customer, id, subject, body)
+}
+
+func (w *world) deliverFrom(t *testing.T, from, id, subject, body string) {
+	t.Helper()
+	if err := w.imap.save("INBOX", email(id, "Customer <"+from+">", mailFrom, subject, body)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -492,10 +518,13 @@ func (w *world) approve(t *testing.T) {
 	// A second delivery of the approval_decided event, through the real
 	// path: the brain publishes it again, the edge delivers it to n8n,
 	// n8n acknowledges, and nothing is sent again.
+	mark := w.lastExecution()
 	tag, err := w.tenantDB.Exec(context.Background(), `UPDATE outbox SET delivered_at = NULL, next_attempt_at = now() WHERE id = $1`, d.EventID)
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("re-queue the event: %v (%d rows)", err, tag.RowsAffected())
 	}
+	// Each delivery is two runs of act: accept the event, act on the decision.
+	w.actRuns(t, mark, 2)
 	w.idle(t)
 	var attempts int
 	_ = w.tenantDB.QueryRow(context.Background(), `SELECT attempts FROM outbox WHERE id = $1`, d.EventID).Scan(&attempts)
@@ -508,11 +537,13 @@ func (w *world) approve(t *testing.T) {
 	// And the same event posted twice more, directly, as the edge would.
 	ev := wire.Event{EventID: d.EventID, Kind: wire.EventApprovalDecided, WorkItemID: id, NextTurn: d.Approval.Turn + 1,
 		ApprovalID: ap.ID, Decision: "approved", OccurredAt: time.Now().UTC()}
+	mark = w.lastExecution()
 	for range 2 {
 		if s := w.postEvent(ev); s != http.StatusOK {
 			t.Fatalf("duplicate event answered %d", s)
 		}
 	}
+	w.actRuns(t, mark, 4)
 	w.idle(t)
 	if n := len(w.smtp.to(customer)) - before; n != 1 {
 		t.Fatalf("%d messages to the customer after the event came three times, want 1", n)
@@ -591,12 +622,21 @@ func (w *world) humanFirst(t *testing.T) {
 
 func (w *world) smtpDown(t *testing.T) {
 	id := "<down-" + randomHex(6) + "@customer.example>"
-	w.deliver(t, id, "Quote for a carport", "Could you quote for a carport?")
+	// Its own customer: the same rule-made reply went to Jo already, and a
+	// sent copy is matched on recipient, text and minute.
+	const sam = "sam@customer.example"
+	w.deliverFrom(t, sam, id, "Quote for a carport", "Could you quote for a carport?")
 	ap := w.pendingApproval(t, id)
 	eventually(t, time.Minute, "the reviewers' notification", func() bool {
 		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
 	})
 	w.smtp.stop()
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			w.smtp.start()
+		}
+	})
 	before := len(w.smtp.messages())
 	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
 	// send_reply: unknown; verify_reply_sent: no copy in Sent → failed; escalated.
@@ -611,7 +651,11 @@ func (w *world) smtpDown(t *testing.T) {
 		t.Fatalf("actions %v", actions)
 	}
 	w.smtp.start()
+	restarted = true
 	w.idle(t)
+	if n := len(w.smtp.to(sam)); n != 0 {
+		t.Fatalf("%d messages to the customer", n)
+	}
 	if n := len(w.smtp.messages()) - before; n != 0 {
 		t.Fatalf("%d messages accepted while the server was down", n)
 	}
@@ -619,12 +663,13 @@ func (w *world) smtpDown(t *testing.T) {
 
 func (w *world) answerLost(t *testing.T) {
 	id := "<lost-" + randomHex(6) + "@customer.example>"
-	w.deliver(t, id, "Quote for decking oil", "Could you quote for oiling my deck?")
+	const kim = "kim@customer.example"
+	w.deliverFrom(t, kim, id, "Quote for decking oil", "Could you quote for oiling my deck?")
 	ap := w.pendingApproval(t, id)
 	eventually(t, time.Minute, "the reviewers' notification", func() bool {
 		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
 	})
-	before := len(w.smtp.to(customer))
+	before := len(w.smtp.to(kim))
 	w.smtp.mu.Lock()
 	w.smtp.dropNext = true
 	w.smtp.mu.Unlock()
@@ -633,7 +678,7 @@ func (w *world) answerLost(t *testing.T) {
 	// copy is in Sent, so verify_reply_sent reports succeeded. Never resent.
 	w.waitItem(t, id, "closed", "succeeded")
 	w.idle(t)
-	if n := len(w.smtp.to(customer)) - before; n != 1 {
+	if n := len(w.smtp.to(kim)) - before; n != 1 {
 		t.Fatalf("%d messages to the customer, want 1 (no blind repeat)", n)
 	}
 	var last string
