@@ -6,9 +6,10 @@ parts several workflows share are written once. Run it after a change:
 
     python3 deploy/n8n/generate.py
 
-deploy/n8n/workflows_test.go checks the files it writes (no edge address,
-no secret, every webhook answers only after the work, every workflow the
-others call is shipped). See README.md, "n8n".
+TestShippedWorkflowsAreConsistent (deploy/devstack/compose_test.go) checks
+the files it writes (no edge address, credentials the import writes, every
+webhook answers only after the work and keeps no run data, every workflow
+the others call is shipped); `make e2e` runs them. See README.md, "n8n".
 """
 import json
 import os
