@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: dev test test-short lint verify build bench fuzz
+.PHONY: dev test test-short e2e lint verify build bench fuzz
 
 ## dev: start the development stack (Postgres in .data/pg, embedded NATS, 2 brain replicas, client-zero's edge)
 dev:
@@ -13,6 +13,12 @@ dev:
 test:
 	@deploy/ensure-postgres.sh
 	@eval "$$($(GO) run ./deploy/cmd/devstack pg-env)" && $(GO) test -race -count=1 -timeout 25m $(PKGS)
+
+## e2e: the shipped n8n workflows in a real n8n (from npm) with a real IMAP (dovecot) and SMTP server, alone (README "n8n")
+e2e:
+	@deploy/ensure-postgres.sh
+	@tests/e2e/setup.sh
+	@eval "$$($(GO) run ./deploy/cmd/devstack pg-env)" && $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/
 
 ## test-short: the tests that need no Postgres (the others skip and say so)
 test-short:

@@ -224,7 +224,7 @@ func TestApprovalLoop(t *testing.T) {
 		t.Fatalf("item %s/%s/%s, want closed/succeeded/succeeded", status, outcome, state)
 	}
 	eventually(t, 10*time.Second, "the event to be marked delivered", func() bool {
-		return count(t, db, `SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL`) == 1
+		return count(t, db, `SELECT count(*) FROM outbox WHERE kind = 'approval_decided' AND delivered_at IS NOT NULL`) == 1
 	})
 	for _, d := range hook.all() {
 		if d.Key != d.Event.EventID {
@@ -396,7 +396,9 @@ func TestEventsSurviveRestartsWhileWebhookIsDown(t *testing.T) {
 	for len(tried) < len(events) {
 		select {
 		case d := <-hook.arrived:
-			tried[d.Event.EventID] = true
+			if d.Event.Kind == wire.EventApprovalDecided {
+				tried[d.Event.EventID] = true
+			}
 		case <-time.After(20 * time.Second):
 			t.Fatalf("only %d of %d events reached the (down) webhook", len(tried), len(events))
 		}
@@ -411,7 +413,7 @@ func TestEventsSurviveRestartsWhileWebhookIsDown(t *testing.T) {
 	for len(delivered) < len(events) {
 		select {
 		case d := <-hook.arrived:
-			if d.Status == http.StatusOK {
+			if d.Status == http.StatusOK && d.Event.Kind == wire.EventApprovalDecided {
 				delivered[d.Event.EventID] = true
 			}
 		case <-time.After(30 * time.Second):
@@ -424,6 +426,9 @@ func TestEventsSurviveRestartsWhileWebhookIsDown(t *testing.T) {
 		}
 	}
 	for _, d := range hook.all() {
+		if d.Event.Kind != wire.EventApprovalDecided {
+			continue // each item's approval_requested event too
+		}
 		if d.Key != d.Event.EventID || events[d.Event.EventID] != d.Event.WorkItemID {
 			t.Fatalf("delivery with unstable key or wrong item: %+v", d)
 		}
@@ -622,3 +627,48 @@ func TestHaltEventIsDelivered(t *testing.T) {
 
 // tenantURL is the tenant's own runtime role URL.
 func (s *system) tenantURL(tn *devstack.Tenant) string { return tn.DB.AppURL }
+
+// A draft awaiting approval announces itself: approval_requested reaches n8n
+// through the real relay, naming the approval, and is written in the turn's
+// own transaction (the approval and its event exist together or not at all).
+func TestApprovalRequestedEvent(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("requested-a"))
+	hook := newWebhook(t)
+	s.startBrain("r1", fastEvents)
+	ea := s.startEdge(a, withWebhook(hook))
+	id := "<requested@customer.example>"
+
+	rep := ea.submit(quoteEmail(id)).reply(t)
+	if rep.Status != wire.WorkItemStatusAwaitingApproval || rep.Action == nil || rep.Action.ApprovalID == "" {
+		t.Fatalf("turn 1: %+v", rep)
+	}
+	ev := hook.accepted(wire.EventApprovalRequested, id)
+	if ev.ApprovalID != rep.Action.ApprovalID || ev.Action != "draft_reply" || ev.NextTurn != 2 || ev.Decision != "" {
+		t.Fatalf("approval_requested event: %+v (approval %s)", ev, rep.Action.ApprovalID)
+	}
+	db := s.tenantDB(a)
+	eventually(t, 10*time.Second, "the event to be marked delivered", func() bool {
+		return count(t, db, `SELECT count(*) FROM outbox WHERE kind = 'approval_requested' AND delivered_at IS NOT NULL`) == 1
+	})
+	// Same transaction: both rows' created_at default to now(), the start
+	// of the transaction that wrote them, to the microsecond.
+	if c := count(t, db, `SELECT count(*) FROM outbox o JOIN approvals ap ON ap.id::text = o.payload->>'approval_id'
+			WHERE o.kind = 'approval_requested' AND o.created_at = ap.created_at`); c != 1 {
+		t.Fatalf("%d approval_requested events written in their approval's transaction, want 1", c)
+	}
+	// A replayed turn writes nothing: still one request event.
+	if r := ea.submit(quoteEmail(id)).reply(t); !r.Replayed {
+		t.Fatalf("turn 1 again: %+v", r)
+	}
+	if c := count(t, db, `SELECT count(*) FROM outbox WHERE kind = 'approval_requested'`); c != 1 {
+		t.Fatalf("%d approval_requested events after a replay, want 1", c)
+	}
+	// An action that needs no approval announces nothing.
+	ea.submit(&wire.TurnSubmitRequest{WorkItemID: "<invoice@customer.example>", Turn: 1,
+		Email: &wire.Email{From: "Jo <jo@customer.example>", Subject: "Invoice 42", Body: "Attached."}}).reply(t)
+	if c := count(t, db, `SELECT count(*) FROM outbox WHERE kind = 'approval_requested'`); c != 1 {
+		t.Fatalf("%d approval_requested events, want 1 (the invoice needs no approval)", c)
+	}
+}

@@ -193,6 +193,9 @@ const (
 	EventApprovalDecided EventKind = "approval_decided"
 	EventApprovalExpired EventKind = "approval_expired"
 	EventItemHalted      EventKind = "item_halted"
+	// EventApprovalRequested: an action waits for a human's approval, so n8n
+	// can notify reviewers. It restarts nothing: n8n submits no turn for it.
+	EventApprovalRequested EventKind = "approval_requested"
 )
 
 // Event is what the edge delivers to n8n's webhook. It carries what n8n
@@ -202,7 +205,11 @@ type Event struct {
 	Kind       EventKind `json:"kind"`
 	WorkItemID string    `json:"work_item_id"`
 	NextTurn   int       `json:"next_turn"`
-	ApprovalID string    `json:"approval_id,omitempty"`
+	// ApprovalID names the approval, for approval_requested,
+	// approval_decided and approval_expired.
+	ApprovalID string `json:"approval_id,omitempty"`
+	// Action is the action awaiting approval, for approval_requested.
+	Action string `json:"action,omitempty"`
 	// Decision is approved or rejected, for approval_decided.
 	Decision   string    `json:"decision,omitempty"`
 	Reason     string    `json:"reason,omitempty"`

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -41,7 +42,7 @@ func composeDefaults(t *testing.T, compose string) map[string]string {
 func TestComposeNamesTheFilesInitWrites(t *testing.T) {
 	compose := readFile(t, "../../compose.yaml")
 	for _, p := range []string{devstack.InitNATSConf, devstack.InitBrainCreds, devstack.InitEdgeCreds,
-		devstack.InitEdgeToken, devstack.InitWebhookSecret, devstack.InitReviewers, devstack.InitN8NCredentials} {
+		devstack.InitEdgeToken, devstack.InitWebhookSecret, devstack.InitReviewers, devstack.InitN8NCredentials, devstack.InitN8NSettings} {
 		if !strings.Contains(compose, "/state/"+p) {
 			t.Errorf("compose.yaml does not mention /state/%s, which init writes", p)
 		}
@@ -106,12 +107,14 @@ func TestComposeDefaultsPassInitAndAreDocumented(t *testing.T) {
 }
 
 type workflow struct {
-	ID    string `json:"id"`
-	Nodes []struct {
+	ID       string         `json:"id"`
+	Settings map[string]any `json:"settings"`
+	Nodes    []struct {
 		ID          string         `json:"id"`
 		Name        string         `json:"name"`
 		Type        string         `json:"type"`
 		Parameters  map[string]any `json:"parameters"`
+		RetryOnFail bool           `json:"retryOnFail"`
 		Credentials map[string]struct {
 			ID   string `json:"id"`
 			Name string `json:"name"`
@@ -122,59 +125,115 @@ type workflow struct {
 	} `json:"connections"`
 }
 
-func TestExampleWorkflowIsConsistent(t *testing.T) {
-	var wf workflow
-	if err := json.Unmarshal([]byte(readFile(t, "../n8n/workflow.json")), &wf); err != nil {
+// The shipped workflows run unchanged wherever they are imported: no
+// address in them, every secret in a credential the import writes, the
+// webhooks answer after the work and keep no run data (their headers hold
+// the secret), and client errors are never retried.
+func TestShippedWorkflowsAreConsistent(t *testing.T) {
+	files, err := filepath.Glob("../n8n/workflows/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no shipped workflows: %v", err)
+	}
+	creds := map[string]string{} // id → name, as the import writes them
+	var written []struct{ ID, Name, Type string }
+	dir := t.TempDir()
+	f, err := devstack.WriteN8N(dir, devstack.N8NOptions{EdgeURL: "http://edge:8480", EdgeToken: strings.Repeat("t", 16),
+		EventSecret: strings.Repeat("e", 16), IntakeSecret: strings.Repeat("i", 16)}, -1)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if err := json.Unmarshal([]byte(readFile(t, f.Credentials)), &written); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range written {
+		creds[c.ID] = c.Name
+	}
+	ids := map[string]bool{devstack.N8NSettingsWorkflowID: true}
+	var wfs []workflow
+	for _, file := range files {
+		text := readFile(t, file)
+		if strings.Contains(text, "8480") || strings.Contains(text, "edge:") {
+			t.Errorf("%s names an address: the edge's comes from the settings workflow", file)
+		}
+		var wf workflow
+		if err := json.Unmarshal([]byte(text), &wf); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		ids[wf.ID] = true
+		wfs = append(wfs, wf)
+	}
 	compose := readFile(t, "../../compose.yaml")
-	if !strings.Contains(compose, "publish:workflow --id="+wf.ID+"\n") {
-		t.Errorf("compose.yaml does not publish workflow %s", wf.ID)
+	if !strings.Contains(compose, "/opt/n8nbrain/import.sh /state/n8n") {
+		t.Error("compose.yaml does not import with deploy/n8n/import.sh")
 	}
-	names := map[string]bool{}
-	ids := map[string]bool{}
-	for _, n := range wf.Nodes {
-		if names[n.Name] || ids[n.ID] {
-			t.Errorf("node %q (%s) is listed twice", n.Name, n.ID)
-		}
-		names[n.Name], ids[n.ID] = true, true
+	hookURL := regexp.MustCompile(`EDGE_WEBHOOK_URL: (\S+)`).FindStringSubmatch(compose)
+	if hookURL == nil || hookURL[1] != "http://n8n:5678/webhook/brain-events" {
+		t.Errorf("compose.yaml's EDGE_WEBHOOK_URL %v, want the events workflow's webhook", hookURL)
 	}
-	for from, outs := range wf.Connections {
-		if !names[from] {
-			t.Errorf("connection from unknown node %q", from)
+	var paths []string
+	for _, wf := range wfs {
+		names := map[string]bool{}
+		for _, n := range wf.Nodes {
+			if names[n.Name] {
+				t.Errorf("%s: node %q is listed twice", wf.ID, n.Name)
+			}
+			names[n.Name] = true
+			for typ, c := range n.Credentials {
+				if creds[c.ID] != c.Name {
+					t.Errorf("%s: node %q uses credential %s %q, which the import does not write", wf.ID, n.Name, typ, c.ID)
+				}
+			}
+			switch n.Type {
+			case "n8n-nodes-base.webhook":
+				paths = append(paths, n.Parameters["path"].(string))
+				want := devstack.N8NIntakeCredentialID
+				if n.Parameters["path"] == "brain-events" {
+					want = devstack.N8NEventCredentialID
+				}
+				if n.Parameters["authentication"] != "headerAuth" || n.Credentials["httpHeaderAuth"].ID != want {
+					t.Errorf("%s: webhook %q is not protected by credential %s", wf.ID, n.Name, want)
+				}
+				if n.Parameters["responseMode"] != "responseNode" {
+					t.Errorf("%s: webhook %q answers before the work is done", wf.ID, n.Name)
+				}
+				if wf.Settings["saveDataSuccessExecution"] != "none" || wf.Settings["saveDataErrorExecution"] != "none" {
+					t.Errorf("%s keeps run data, and its webhook's headers hold a secret", wf.ID)
+				}
+			case "n8n-nodes-base.httpRequest":
+				u, _ := n.Parameters["url"].(string)
+				if !strings.Contains(u, "edge_url") {
+					t.Errorf("%s: HTTP request %q calls %q, not the settings' edge_url", wf.ID, n.Name, u)
+				}
+				resp, _ := n.Parameters["options"].(map[string]any)["response"].(map[string]any)["response"].(map[string]any)
+				if n.RetryOnFail && (resp["neverError"] != true || resp["fullResponse"] != true) {
+					t.Errorf("%s: HTTP request %q retries answers: an edge error would be sent again", wf.ID, n.Name)
+				}
+			case "n8n-nodes-base.executeWorkflow":
+				id := n.Parameters["workflowId"].(map[string]any)["value"].(string)
+				if !ids[id] {
+					t.Errorf("%s: node %q calls workflow %s, which is not shipped", wf.ID, n.Name, id)
+				}
+			case "n8n-nodes-base.emailSend":
+				if opts, _ := n.Parameters["options"].(map[string]any); opts["appendAttribution"] != false {
+					t.Errorf("%s: %q appends n8n's attribution: the sent text would not be the approved one", wf.ID, n.Name)
+				}
+			}
 		}
-		for _, out := range outs["main"] {
-			for _, to := range out {
-				if !names[to.Node] {
-					t.Errorf("connection from %q to unknown node %q", from, to.Node)
+		for from, outs := range wf.Connections {
+			if !names[from] {
+				t.Errorf("%s: connection from unknown node %q", wf.ID, from)
+			}
+			for _, out := range outs["main"] {
+				for _, to := range out {
+					if !names[to.Node] {
+						t.Errorf("%s: connection from %q to unknown node %q", wf.ID, from, to.Node)
+					}
 				}
 			}
 		}
 	}
-	hookURL := regexp.MustCompile(`EDGE_WEBHOOK_URL: (\S+)`).FindStringSubmatch(compose)
-	if hookURL == nil {
-		t.Fatal("compose.yaml sets no EDGE_WEBHOOK_URL")
-	}
-	var paths []string
-	for _, n := range wf.Nodes {
-		cred, hasCred := n.Credentials["httpHeaderAuth"]
-		switch n.Type {
-		case "n8n-nodes-base.webhook":
-			paths = append(paths, n.Parameters["path"].(string))
-			if !hasCred || cred.ID != devstack.N8NHookCredentialID || cred.Name != devstack.N8NHookCredentialName || n.Parameters["authentication"] != "headerAuth" {
-				t.Errorf("webhook %q is not protected by the events credential: %+v", n.Name, n.Credentials)
-			}
-		case "n8n-nodes-base.httpRequest":
-			// POST /v1/turns, or GET of the result_url the edge returns (/v1/turns/<key>).
-			if u, _ := n.Parameters["url"].(string); !strings.HasPrefix(strings.TrimPrefix(u, "="), "http://edge:8480") || !strings.Contains(u, "turns") && !strings.Contains(u, "result_url") {
-				t.Errorf("HTTP request %q calls %q, not the edge's turns", n.Name, u)
-			}
-			if !hasCred || cred.ID != devstack.N8NEdgeCredentialID || cred.Name != devstack.N8NEdgeCredentialName {
-				t.Errorf("HTTP request %q does not use the edge credential: %+v", n.Name, n.Credentials)
-			}
-		}
-	}
-	if want := "http://n8n:5678/webhook/brain-events"; hookURL[1] != want || !slices.Contains(paths, "brain-events") {
-		t.Errorf("EDGE_WEBHOOK_URL %s; workflow webhook paths %q", hookURL[1], paths)
+	slices.Sort(paths)
+	if !slices.Equal(paths, []string{"brain-events", "human-reply", "new-email"}) {
+		t.Errorf("webhook paths %q", paths)
 	}
 }

@@ -44,6 +44,8 @@ type keyFile struct {
 	ReviewerPassword string            `json:"reviewer_password"`
 	RegistryPassword string            `json:"registry_reader_password"`
 	WebhookSecret    string            `json:"webhook_secret,omitempty"`
+	// IntakeSecret protects n8n's intake webhook; never the events secret.
+	IntakeSecret string `json:"intake_secret,omitempty"`
 }
 
 // operatorName names the development operator in its JWT.
@@ -127,6 +129,9 @@ func (id *Identities) load() error {
 	}
 	if k.WebhookSecret == "" {
 		k.WebhookSecret = randomToken()
+	}
+	if k.IntakeSecret == "" {
+		k.IntakeSecret = randomToken()
 	}
 	id.keys = k
 	return nil

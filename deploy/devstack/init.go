@@ -2,7 +2,6 @@ package devstack
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -61,6 +60,12 @@ type InitOptions struct {
 	// [INIT_NATS_LISTEN 0.0.0.0:4222, INIT_NATS_HTTP 0.0.0.0:8222,
 	// INIT_NATS_STORE_DIR /data/jetstream, NATS_SYNC_INTERVAL always].
 	NATS conf.Config
+	// N8N is what the n8n import writes besides the secrets above: the
+	// edge's address as n8n sees it [INIT_N8N_EDGE_URL, default
+	// http://edge:8480], the review page's for links [N8NBRAIN_REVIEW_URL,
+	// default http://127.0.0.1:8480], the mailbox (N8NBRAIN_*, see
+	// N8NMailFromEnv) and the intake secret [N8NBRAIN_INTAKE_SECRET].
+	N8N N8NOptions
 	// N8NGroup, when not -1, is the group given the n8n credentials file so
 	// n8n's user can read it (the init container runs with that group added)
 	// [INIT_N8N_GID, default -1].
@@ -83,17 +88,9 @@ const (
 	InitEdgeToken        = "edge/client-zero.token"
 	InitWebhookSecret    = "edge/webhook_secret"
 	InitReviewers        = "edge/reviewers"
-	InitN8NCredentials   = "n8n/credentials.json"
+	InitN8NCredentials   = "n8n/" + N8NCredentialsFile
+	InitN8NSettings      = "n8n/" + N8NSettingsFile
 	InitEdgeCreds        = "creds/client-zero-edge.creds"
-)
-
-// The n8n credentials the example workflow (deploy/n8n/workflow.json) uses,
-// written by Init for `n8n import:credentials`.
-const (
-	N8NEdgeCredentialID   = "n8nbrainEdgeAuth"
-	N8NEdgeCredentialName = "n8nbrain edge (client-zero)"
-	N8NHookCredentialID   = "n8nbrainHookAuth"
-	N8NHookCredentialName = "n8nbrain events (X-Brain-Webhook-Token)"
 )
 
 // InitOptionsFromEnv reads InitOptions from the environment.
@@ -114,6 +111,10 @@ func InitOptionsFromEnv(getenv func(string) string) (InitOptions, error) {
 			StoreDir: getenv("INIT_NATS_STORE_DIR"),
 			Sync:     strings.TrimSpace(getenv("NATS_SYNC_INTERVAL")),
 		},
+		N8N: N8NOptions{
+			EdgeURL:      strings.TrimSpace(getenv("INIT_N8N_EDGE_URL")),
+			IntakeSecret: strings.TrimSpace(getenv("N8NBRAIN_INTAKE_SECRET")),
+		},
 		DBPort:   5432,
 		DBWait:   time.Minute,
 		N8NGroup: -1,
@@ -121,6 +122,9 @@ func InitOptionsFromEnv(getenv func(string) string) (InitOptions, error) {
 			strings.ToLower(strings.TrimSpace(getenv("INIT_RESTRICT_MAINTENANCE_DBS")))),
 	}
 	var errs []error
+	if err := N8NMailFromEnv(&o.N8N, getenv); err != nil {
+		errs = append(errs, err)
+	}
 	if f := getenv("BRAIN_SEALING_KEY_FILE"); f != "" && o.SealingKey == "" {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -165,6 +169,12 @@ func (o InitOptions) withDefaults() InitOptions {
 	}
 	if o.ReviewerName == "" {
 		o.ReviewerName = "dev"
+	}
+	if o.N8N.EdgeURL == "" {
+		o.N8N.EdgeURL = "http://edge:8480"
+	}
+	if o.N8N.ReviewURL == "" {
+		o.N8N.ReviewURL = "http://127.0.0.1:8480" // compose publishes the edge there
 	}
 	if o.NATS.StoreDir == "" {
 		o.NATS.StoreDir = "/data/jetstream"
@@ -229,6 +239,7 @@ type InitResult struct {
 	Reviewers        string
 	Webhook          string
 	N8NCredsFile     string
+	N8NSettings      string
 }
 
 // Init prepares the state the compose services share, idempotently: it
@@ -259,6 +270,7 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 		for _, s := range []struct{ from, to *string }{
 			{&o.RegistryPassword, &k.RegistryPassword},
 			{&o.WebhookSecret, &k.WebhookSecret}, {&o.ReviewerPassword, &k.ReviewerPassword},
+			{&o.N8N.IntakeSecret, &k.IntakeSecret},
 		} {
 			if *s.from != "" {
 				*s.to = *s.from
@@ -355,11 +367,14 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 		return nil, err
 	}
 
-	// n8n's credentials for the example workflow.
-	res.N8NCredsFile = filepath.Join(o.Dir, InitN8NCredentials)
-	if err := writeN8NCredentials(res.N8NCredsFile, token, sec.WebhookSecret, o.N8NGroup); err != nil {
-		return nil, fmt.Errorf("n8n credentials: %w", err)
+	// What the n8n import reads (deploy/n8n/import.sh).
+	n := o.N8N
+	n.EdgeToken, n.EventSecret, n.IntakeSecret = token, sec.WebhookSecret, sec.IntakeSecret
+	files, err := WriteN8N(filepath.Join(o.Dir, "n8n"), n, o.N8NGroup)
+	if err != nil {
+		return nil, fmt.Errorf("n8n credentials and settings: %w", err)
 	}
+	res.N8NCredsFile, res.N8NSettings = files.Credentials, files.Settings
 	return res, nil
 }
 
@@ -440,49 +455,6 @@ func ensureTenant(ctx context.Context, ops *provision.Ops, sealer *registry.Seal
 	return acc, true, nil
 }
 
-// n8nCredential is one entry of `n8n import:credentials`' input; a plain
-// data object is encrypted with n8n's key on import.
-type n8nCredential struct {
-	ID   string            `json:"id"`
-	Name string            `json:"name"`
-	Type string            `json:"type"`
-	Data map[string]string `json:"data"`
-}
-
-func writeN8NCredentials(path, edgeToken, webhookSecret string, gid int) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent([]n8nCredential{
-		{ID: N8NEdgeCredentialID, Name: N8NEdgeCredentialName, Type: "httpHeaderAuth",
-			Data: map[string]string{"name": "Authorization", "value": "Bearer " + edgeToken}},
-		{ID: N8NHookCredentialID, Name: N8NHookCredentialName, Type: "httpHeaderAuth",
-			Data: map[string]string{"name": "X-Brain-Webhook-Token", "value": webhookSecret}},
-	}, "", "  ")
-	if err != nil {
-		return err
-	}
-	mode := os.FileMode(0o600)
-	if gid >= 0 {
-		mode = 0o640
-	}
-	if err := writeFileAtomic(path, append(b, '\n'), mode); err != nil {
-		return err
-	}
-	if gid >= 0 {
-		for _, p := range []string{dir, path} {
-			if err := os.Chown(p, -1, gid); err != nil {
-				return fmt.Errorf("give group %d to %s (is the init container's group_add set?): %w", gid, p, err)
-			}
-		}
-		if err := os.Chmod(dir, 0o750); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // InitFromEnv runs Init configured from the environment (dir, when not
 // empty, overrides INIT_STATE_DIR) and prints what it did. It prints no
 // secret: they are in .env or in the state volume.
@@ -511,8 +483,9 @@ func InitFromEnv(ctx context.Context, getenv func(string) string, dir string, ou
   edge token    %s
   reviewers     %s
   n8n creds     %s
+  n8n settings  %s
 `, o.withDefaults().Dir, res.Tenant, state, res.TenantNATS, res.BrainNATS, res.NATSConf, res.BrainCreds,
-		res.EdgeCreds, res.EdgeToken, res.Reviewers, res.N8NCredsFile)
+		res.EdgeCreds, res.EdgeToken, res.Reviewers, res.N8NCredsFile, res.N8NSettings)
 	return err
 }
 

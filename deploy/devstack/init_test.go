@@ -123,22 +123,34 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 		t.Errorf("edge creds at %s, compose.yaml expects %s", again.EdgeCreds, got)
 	}
 
-	// n8n's credentials, as `n8n import:credentials` reads them.
+	// n8n's credentials, as `n8n import:credentials` reads them, and the
+	// settings workflow with the edge's address as compose's n8n sees it.
 	var creds []struct {
 		ID, Name, Type string
-		Data           map[string]string
+		Data           map[string]any
 	}
 	b, err := os.ReadFile(again.N8NCredsFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(b, &creds); err != nil || len(creds) != 2 {
+	if err := json.Unmarshal(b, &creds); err != nil || len(creds) != 5 {
 		t.Fatalf("n8n credentials %s: %v", b, err)
 	}
-	edgeAuth, hookAuth := creds[0].Data, creds[1].Data
-	if creds[0].ID != devstack.N8NEdgeCredentialID || edgeAuth["name"] != "Authorization" ||
-		creds[1].ID != devstack.N8NHookCredentialID || hookAuth["name"] != edge.HeaderWebhookToken {
+	byID := map[string]map[string]any{}
+	for _, c := range creds {
+		byID[c.ID] = c.Data
+	}
+	edgeAuth, hookAuth, intake := byID[devstack.N8NEdgeCredentialID], byID[devstack.N8NEventCredentialID], byID[devstack.N8NIntakeCredentialID]
+	if edgeAuth["name"] != "Authorization" || hookAuth["name"] != edge.HeaderWebhookToken || intake["name"] != devstack.N8NIntakeHeader ||
+		intake["value"] == hookAuth["value"] || byID[devstack.N8NIMAPCredentialID] == nil || byID[devstack.N8NSMTPCredentialID] == nil {
 		t.Fatalf("n8n credentials: %+v", creds)
+	}
+	settings, err := os.ReadFile(again.N8NSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(settings), `\"edge_url\":\"http://edge:8480\"`) {
+		t.Fatalf("n8n settings without compose's edge address: %s", settings)
 	}
 
 	// nats-server from the written configuration.
@@ -167,7 +179,7 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 	// n8n's webhook node: checks the header its credential names.
 	events := make(chan wire.Event, 4)
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(hookAuth["name"]) != hookAuth["value"] {
+		if r.Header.Get(hookAuth["name"].(string)) != hookAuth["value"] {
 			http.Error(w, "Authorization data is wrong!", http.StatusForbidden)
 			return
 		}
@@ -237,7 +249,7 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 			rd = bytes.NewReader(b)
 		}
 		req, _ := http.NewRequest(method, base+path, rd)
-		req.Header.Set(edgeAuth["name"], edgeAuth["value"]) // as n8n's Header Auth sends it
+		req.Header.Set(edgeAuth["name"].(string), edgeAuth["value"].(string)) // as n8n's Header Auth sends it
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -261,13 +273,20 @@ func TestInitPreparesAWorkingStack(t *testing.T) {
 	if status, body := call("POST", "/v1/approvals/"+rep.Action.ApprovalID+"/approve", map[string]string{"by": "alice"}); status != http.StatusOK {
 		t.Fatalf("approve: %d %s", status, body)
 	}
-	select {
-	case ev := <-events:
-		if ev.Kind != wire.EventApprovalDecided || ev.WorkItemID != "<init@customer.example>" || ev.NextTurn != 2 {
-			t.Fatalf("event: %+v", ev)
+	// Both events, in whichever order they are delivered: the request for
+	// approval and the decision.
+	seen := map[wire.EventKind]bool{}
+	for len(seen) < 2 {
+		select {
+		case ev := <-events:
+			if ev.WorkItemID != "<init@customer.example>" || ev.NextTurn != 2 ||
+				ev.Kind != wire.EventApprovalDecided && ev.Kind != wire.EventApprovalRequested {
+				t.Fatalf("event: %+v", ev)
+			}
+			seen[ev.Kind] = true
+		case <-time.After(30 * time.Second):
+			t.Fatalf("events %v reached the webhook with the n8n credential's token; want approval_requested and approval_decided", seen)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no event reached the webhook with the n8n credential's token")
 	}
 
 	// The review page signs in the reviewer of the reviewers file.

@@ -9,7 +9,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/crypto/bcrypt"
 
@@ -81,8 +83,24 @@ func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error
 	if ecfg.ReviewersFile, err = st.writeReviewers(); err != nil {
 		return err
 	}
-	// n8n's Webhook node, when the developer runs one.
-	ecfg.WebhookURL, ecfg.WebhookSecret = o.Getenv("EDGE_WEBHOOK_URL"), o.Getenv("EDGE_WEBHOOK_SECRET")
+	// n8n's Webhook node, when the developer runs one; the secret is the
+	// one written into n8n's credentials below unless EDGE_WEBHOOK_SECRET
+	// overrides it.
+	sec := st.IDs.secrets()
+	ecfg.WebhookURL = o.Getenv("EDGE_WEBHOOK_URL")
+	ecfg.WebhookSecret = firstNonEmpty(strings.TrimSpace(o.Getenv("EDGE_WEBHOOK_SECRET")), sec.WebhookSecret)
+	if err := edgeTimingFromEnv(&ecfg, o.Getenv); err != nil {
+		return err
+	}
+	n8nOpts := N8NOptions{EdgeURL: "http://" + ln.Addr().String(), EdgeToken: tn.Token, EventSecret: ecfg.WebhookSecret,
+		IntakeSecret: sec.IntakeSecret}
+	if err := N8NMailFromEnv(&n8nOpts, o.Getenv); err != nil {
+		return err
+	}
+	n8nFiles, err := WriteN8N(filepath.Join(o.Dir, "n8n"), n8nOpts, -1)
+	if err != nil {
+		return err
+	}
 	wg.Go(func() { errs <- edge.Serve(ctx, ln, ecfg, log.With("component", "edge")) })
 
 	fmt.Fprintf(out, `
@@ -94,6 +112,14 @@ The development stack is up.
 
 Review page (approve, edit or reject drafts): http://%s/review  user dev, password %s
 Events go to EDGE_WEBHOOK_URL when set (with EDGE_WEBHOOK_SECRET); otherwise they wait in the outbox.
+Edge settings from the environment: EDGE_TURN_WAIT=%s EDGE_PUBLISH_TIMEOUT=%s EDGE_WEBHOOK_TIMEOUT=%s.
+
+n8n (README, "n8n"): credentials %s and settings %s are written;
+import them with the shipped workflows:
+
+  deploy/n8n/import.sh %s
+
+then run n8n and start this stack with EDGE_WEBHOOK_URL=http://127.0.0.1:5678/webhook/brain-events.
 
 Submit a turn as n8n would:
 
@@ -103,7 +129,10 @@ Submit a turn as n8n would:
 
 Ctrl-C stops everything; state stays in %s.
 `, st.NATS.ClientURL(), filepath.Join(o.Dir, "stack", "creds"), "127.0.0.1:"+fmt.Sprint(pg.Port), pg.AdminURLFile(),
-		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, ln.Addr(), st.IDs.secrets().ReviewerPassword, ln.Addr(), tn.Token, o.Dir)
+		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, ln.Addr(), st.IDs.secrets().ReviewerPassword,
+		displayDuration(ecfg.TurnWait, edge.DefaultTurnWait), displayDuration(ecfg.PublishTimeout, edge.DefaultPublishTimeout),
+		displayDuration(ecfg.WebhookTimeout, edge.DefaultWebhookTimeout),
+		n8nFiles.Credentials, n8nFiles.Settings, filepath.Dir(n8nFiles.Credentials), ln.Addr(), tn.Token, o.Dir)
 
 	var first error
 	select {
@@ -170,4 +199,33 @@ func writeReviewersFile(path, name, password, comment string) error {
 		return err
 	}
 	return writeFileAtomic(path, []byte(comment+"\n"+name+":"+string(hash)+"\n"), 0o600)
+}
+
+// edgeTimingFromEnv reads the edge's timing settings the dev stack
+// documents: EDGE_TURN_WAIT, EDGE_PUBLISH_TIMEOUT, EDGE_WEBHOOK_TIMEOUT.
+func edgeTimingFromEnv(c *edge.Config, getenv func(string) string) error {
+	var errs []error
+	for _, d := range []struct {
+		name string
+		dst  *time.Duration
+	}{{"EDGE_TURN_WAIT", &c.TurnWait}, {"EDGE_PUBLISH_TIMEOUT", &c.PublishTimeout}, {"EDGE_WEBHOOK_TIMEOUT", &c.WebhookTimeout}} {
+		v := strings.TrimSpace(getenv(d.name))
+		if v == "" {
+			continue
+		}
+		dur, err := time.ParseDuration(v)
+		if err != nil || dur <= 0 {
+			errs = append(errs, fmt.Errorf("%s is %q; want a positive duration such as 10s", d.name, v))
+			continue
+		}
+		*d.dst = dur
+	}
+	return errors.Join(errs...)
+}
+
+func displayDuration(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
 }

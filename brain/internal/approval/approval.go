@@ -108,7 +108,7 @@ func (a *Approvals) Guard(ctx context.Context, q store.DBTX, in *engine.Input, o
 }
 
 // Extend writes, in the turn's transaction, the approval record of an
-// action that requires one, supersedes a pending approval when a human
+// action that requires one with its approval_requested event, supersedes a pending approval when a human
 // acted outside the loop, and writes the item_halted event.
 func (a *Approvals) Extend(_ context.Context, t *registry.Tenant, w *store.TurnWrite, out *engine.Outcome, reply *wire.TurnSubmitReply) error {
 	it := w.Item
@@ -137,7 +137,12 @@ func (a *Approvals) Extend(_ context.Context, t *registry.Tenant, w *store.TurnW
 		if e := it.Email; e != nil {
 			rec.Sender, rec.Subject = e.From, e.Subject
 		}
-		w.Extra = append(w.Extra, store.ApprovalInsert(rec, t.ApprovalTTL))
+		// The record and the event that tells n8n to notify reviewers are
+		// one transaction: a draft nobody hears about cannot exist.
+		w.Extra = append(w.Extra, store.ApprovalInsert(rec, t.ApprovalTTL),
+			store.OutboxInsert(wire.Event{EventID: uuid.NewString(), Kind: wire.EventApprovalRequested,
+				WorkItemID: it.ID, NextTurn: it.Turn + 1, ApprovalID: rec.ID, Action: rec.Action, OccurredAt: time.Now().UTC()}))
+		w.OnCommit(func(context.Context) { a.kick(t) })
 		reply.Action.ApprovalID = rec.ID
 		// The database sets expires_at by its clock; a timer a little late
 		// is harmless, and one early finds the approval not yet due and is

@@ -1,0 +1,796 @@
+//go:build e2e
+
+// Package e2e runs the shipped n8n workflows in a real n8n (installed from
+// npm by tests/e2e/setup.sh) against the real brain and edge, a real IMAP
+// server (dovecot) and a real SMTP server (go-smtp), on loopback. `make e2e`
+// runs it; the default `go test ./...` does not (build tag e2e).
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"n8nbrain/brain"
+	"n8nbrain/deploy/devstack"
+	"n8nbrain/edge"
+	"n8nbrain/internal/testdb"
+	"n8nbrain/nats/stream"
+	"n8nbrain/wire"
+)
+
+const (
+	mailFrom = "assistant@e2e.test"
+	notifyTo = "reviewers@e2e.test"
+	customer = "jo@customer.example"
+)
+
+type world struct {
+	t        *testing.T
+	dir      string
+	edgeURL  string
+	token    string
+	secret   string
+	intake   string
+	n8nURL   string
+	n8nDB    *pgx.Conn
+	tenantDB *pgx.Conn
+	imap     *dovecot
+	smtp     *smtpServer
+	secrets  []string
+	n8nLog   string
+}
+
+func TestAssistantEndToEnd(t *testing.T) {
+	started := time.Now()
+	w := setup(t)
+	t.Logf("stack, mail servers and n8n ready in %s", time.Since(started).Round(time.Second))
+
+	t.Run("ApproveSendsTheApprovedTextOnce", func(t *testing.T) { w.approve(t) })
+	t.Run("Reject", func(t *testing.T) { w.reject(t) })
+	t.Run("EditSendsTheEditedText", func(t *testing.T) { w.edit(t) })
+	t.Run("HumanReplyFirstClosesManualAndSendsNothing", func(t *testing.T) { w.humanFirst(t) })
+	t.Run("SMTPDownIsUnknownThenVerifiedFailed", func(t *testing.T) { w.smtpDown(t) })
+	t.Run("AnswerLostIsUnknownThenVerifiedSent", func(t *testing.T) { w.answerLost(t) })
+	t.Run("WebhookIntakeVariant", func(t *testing.T) { w.webhookIntake(t) })
+	t.Run("NoSecretInSavedRunData", func(t *testing.T) { w.noSecrets(t) })
+	t.Logf("whole run %s", time.Since(started).Round(time.Second))
+}
+
+func setup(t *testing.T) *world {
+	adminURL := testdb.AdminURL(t)
+	dir, err := os.MkdirTemp("", "n8nbrain-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	w := &world{t: t, dir: dir}
+	prefix := "e2e" + randomHex(3) + "_"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// The brain's side: embedded NATS in operator mode, Postgres, client-zero.
+	logf, err := os.Create(filepath.Join(dir, "stack.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logf.Close() })
+	log := slog.New(slog.NewJSONHandler(logf, nil))
+	st, err := devstack.Start(ctx, devstack.Config{Dir: filepath.Join(dir, "stack"), AdminURL: adminURL, Prefix: prefix,
+		Streams: stream.Config{AckWait: 5 * time.Second}, Logger: log})
+	if err != nil {
+		t.Fatalf("start stack: %v", err)
+	}
+	t.Cleanup(func() {
+		st.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := st.Ops.DropPrefixed(ctx); err != nil {
+			t.Errorf("drop test databases: %v", err)
+		}
+	})
+	spec := devstack.ClientZeroSpec()
+	spec.ID = "client-zero-e2e"
+	tn, err := st.AddTenant(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopAll := context.WithCancel(context.Background())
+	bcfg := st.BrainConfig("e2e-1")
+	bcfg.EventRetryBase, bcfg.EventRetryMax = 500*time.Millisecond, 2*time.Second
+	brainDone := make(chan error, 1)
+	go func() { brainDone <- brain.Run(runCtx, bcfg, log.With("component", "brain")) }()
+
+	// Mail.
+	w.imap = startDovecot(t, dir)
+	w.smtp = newSMTP(t, mailFrom, w.imap)
+
+	// n8n's address is needed by the edge; n8n needs the edge's.
+	n8nPort := freePort(t)
+	w.n8nURL = fmt.Sprintf("http://127.0.0.1:%d", n8nPort)
+	ecfg := st.EdgeConfig(tn)
+	ecfg.WebhookURL = w.n8nURL + "/webhook/brain-events"
+	ecfg.WebhookSecret = "events-" + randomHex(12)
+	ecfg.WebhookTimeout = time.Minute
+	ecfg.WebhookInitialInterval, ecfg.WebhookMaxInterval = 500*time.Millisecond, 2*time.Second
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edgeDone := make(chan error, 1)
+	go func() { edgeDone <- edge.Serve(runCtx, ln, ecfg, log.With("component", "edge")) }()
+	t.Cleanup(func() {
+		stopAll()
+		if err := <-edgeDone; err != nil {
+			t.Errorf("edge: %v", err)
+		}
+		if err := <-brainDone; err != nil {
+			t.Errorf("brain: %v", err)
+		}
+	})
+	w.edgeURL, w.token, w.secret = "http://"+ln.Addr().String(), tn.Token, ecfg.WebhookSecret
+
+	// What the import reads: the same code `make dev` and compose's init use.
+	w.intake = "intake-" + randomHex(12)
+	n8nDir := filepath.Join(dir, "n8n-import")
+	_, err = devstack.WriteN8N(n8nDir, devstack.N8NOptions{
+		EdgeURL: w.edgeURL, EdgeToken: w.token, EventSecret: w.secret, IntakeSecret: w.intake,
+		MailFrom: mailFrom, NotifyTo: notifyTo,
+		IMAP:       devstack.MailServer{Host: "127.0.0.1", Port: w.imap.port, User: w.imap.user, Password: w.imap.password},
+		SMTP:       devstack.MailServer{Host: "127.0.0.1", Port: w.smtp.port},
+		VerifyWait: 5 * time.Second,
+	}, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.secrets = []string{w.token, w.secret, w.intake, w.imap.password}
+
+	// n8n on its own database in the shared cluster.
+	w.startN8N(adminURL, prefix, n8nPort, n8nDir)
+	dbURL, err := url.Parse(adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbURL.Path = "/" + tn.DB.DBName
+	if w.tenantDB, err = pgx.Connect(context.Background(), dbURL.String()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.tenantDB.Close(context.Background()) })
+	return w
+}
+
+// n8nEnv is the environment n8n and its CLI run with.
+func (w *world) n8nEnv(adminURL, db string, port int) []string {
+	u, _ := url.Parse(adminURL)
+	pw, _ := u.User.Password()
+	cache := os.Getenv("N8NBRAIN_CACHE")
+	if cache == "" {
+		c, _ := os.UserCacheDir()
+		cache = filepath.Join(c, "n8nbrain")
+	}
+	nodeBin := filepath.Join(cache, "node-"+envOr("N8NBRAIN_NODE_VERSION", "24.22.3"), "package", "bin")
+	n8nBin := filepath.Join(cache, "n8n-"+envOr("N8NBRAIN_N8N_VERSION", "2.40.7"), "node_modules", ".bin")
+	if _, err := os.Stat(filepath.Join(n8nBin, "n8n")); err != nil {
+		w.t.Fatalf("n8n is not installed in %s: run tests/e2e/setup.sh (make e2e does): %v", n8nBin, err)
+	}
+	return append(os.Environ(),
+		"PATH="+nodeBin+":"+n8nBin+":"+os.Getenv("PATH"),
+		"N8N_USER_FOLDER="+filepath.Join(w.dir, "n8n-home"),
+		"N8N_ENCRYPTION_KEY=e2e-"+randomHex(16),
+		fmt.Sprintf("N8N_PORT=%d", port), "N8N_LISTEN_ADDRESS=127.0.0.1", "N8N_HOST=127.0.0.1",
+		fmt.Sprintf("WEBHOOK_URL=http://127.0.0.1:%d/", port),
+		// The task broker's default port is n8n's own plus one: keep it apart.
+		fmt.Sprintf("N8N_RUNNERS_BROKER_PORT=%d", freePort(w.t)),
+		"N8N_DIAGNOSTICS_ENABLED=false", "N8N_PERSONALIZATION_ENABLED=false", "N8N_SECURE_COOKIE=false",
+		"N8N_VERSION_NOTIFICATIONS_ENABLED=false", "N8N_TEMPLATES_ENABLED=false", "TZ=UTC", "GENERIC_TIMEZONE=UTC",
+		"DB_TYPE=postgresdb", "DB_POSTGRESDB_HOST="+u.Hostname(), "DB_POSTGRESDB_PORT="+u.Port(),
+		"DB_POSTGRESDB_DATABASE="+db, "DB_POSTGRESDB_USER="+u.User.Username(), "DB_POSTGRESDB_PASSWORD="+pw,
+	)
+}
+
+func (w *world) startN8N(adminURL, prefix string, port int, importDir string) {
+	t := w.t
+	ctx := context.Background()
+	db := prefix + "n8n"
+	admin, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	admin.Close(ctx)
+	env := w.n8nEnv(adminURL, db, port)
+	// Cleanups run last-in first-out: the database goes after n8n stopped.
+	t.Cleanup(func() {
+		if w.n8nDB != nil {
+			w.n8nDB.Close(ctx)
+		}
+		admin, err := pgx.Connect(ctx, adminURL)
+		if err != nil {
+			t.Errorf("drop n8n database: %v", err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop n8n database: %v", err)
+		}
+	})
+
+	// The import, exactly as README.md documents it.
+	_, file, _, _ := runtime.Caller(0)
+	repo := filepath.Join(filepath.Dir(file), "..", "..")
+	started := time.Now()
+	imp := exec.Command(filepath.Join(repo, "deploy", "n8n", "import.sh"), importDir, "imap", "webhook")
+	imp.Env = env
+	if out, err := imp.CombinedOutput(); err != nil {
+		t.Fatalf("deploy/n8n/import.sh: %v\n%s", err, out)
+	}
+	t.Logf("import and publish: %s", time.Since(started).Round(time.Second))
+
+	w.n8nLog = filepath.Join(w.dir, "n8n.log")
+	logf, err := os.Create(w.n8nLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n8nPath string
+	for _, e := range env {
+		if p, ok := strings.CutPrefix(e, "PATH="); ok {
+			n8nPath, _ = lookPathIn("n8n", p)
+		}
+	}
+	cmd := exec.Command(n8nPath, "start")
+	cmd.Env, cmd.Stdout, cmd.Stderr = env, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// n8n and anything it started (its task runner) are one group.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(w.n8nLog)
+			if len(b) > 20000 {
+				b = b[len(b)-20000:]
+			}
+			t.Logf("n8n log (tail):\n%s", b)
+			s, _ := os.ReadFile(filepath.Join(w.dir, "stack.log"))
+			if len(s) > 20000 {
+				s = s[len(s)-20000:]
+			}
+			t.Logf("stack log (tail):\n%s", s)
+		}
+	})
+	u, _ := url.Parse(adminURL)
+	u.Path = "/" + db
+	if w.n8nDB, err = pgx.Connect(ctx, u.String()); err != nil {
+		t.Fatal(err)
+	}
+	// Ready: both webhooks registered (a request without the secret is
+	// refused, not unknown) and both IMAP triggers logged in.
+	eventually(t, 3*time.Minute, "n8n's webhooks to be registered", func() bool {
+		return w.postStatus("/webhook/brain-events", nil, "{}") == http.StatusForbidden &&
+			w.postStatus("/webhook/new-email", nil, "{}") == http.StatusForbidden
+	})
+	eventually(t, time.Minute, "n8n's two IMAP triggers to log in", func() bool { return w.imap.logins() >= 2 })
+}
+
+func lookPathIn(name, path string) (string, error) {
+	for _, dir := range filepath.SplitList(path) {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	return "", os.ErrNotExist
+}
+
+func (w *world) postStatus(path string, header map[string]string, body string) int {
+	req, _ := http.NewRequest(http.MethodPost, w.n8nURL+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// edge calls the edge's API as a reviewer's tool would (the JSON approvals
+// API with the edge token).
+func (w *world) edge(method, path string, body any) (int, []byte) {
+	w.t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, w.edgeURL+path, r)
+	req.Header.Set("Authorization", "Bearer "+w.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// pendingApproval waits for the draft of a work item to await approval.
+func (w *world) pendingApproval(t *testing.T, workItem string) wire.Approval {
+	t.Helper()
+	var found wire.Approval
+	eventually(t, 90*time.Second, "a draft of "+workItem+" awaiting approval", func() bool {
+		_, b := w.edge(http.MethodGet, "/v1/approvals?status=pending&limit=200", nil)
+		var l wire.ApprovalListReply
+		_ = json.Unmarshal(b, &l)
+		for _, a := range l.Approvals {
+			if a.WorkItemID == workItem {
+				found = a
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+func (w *world) item(t *testing.T, workItem string) (status, outcome string) {
+	t.Helper()
+	var o *string
+	err := w.tenantDB.QueryRow(context.Background(), `SELECT status, outcome FROM work_items WHERE id = $1`, workItem).Scan(&status, &o)
+	if err != nil && err != pgx.ErrNoRows {
+		t.Fatal(err)
+	}
+	if o != nil {
+		outcome = *o
+	}
+	return status, outcome
+}
+
+func (w *world) waitItem(t *testing.T, workItem, status, outcome string) {
+	t.Helper()
+	eventually(t, 2*time.Minute, fmt.Sprintf("%s to be %s/%s", workItem, status, outcome), func() bool {
+		s, o := w.item(t, workItem)
+		return s == status && o == outcome
+	})
+}
+
+// idle waits until n8n runs nothing, and every event is delivered.
+func (w *world) idle(t *testing.T) {
+	t.Helper()
+	eventually(t, 2*time.Minute, "n8n to finish every run and the edge to deliver every event", func() bool {
+		var running, undelivered int
+		// Workflows that keep no run data (the settings, the two webhook
+		// receivers) leave their rows "running"; the work they start runs
+		// in workflows that keep theirs.
+		_ = w.n8nDB.QueryRow(context.Background(), `SELECT count(*) FROM execution_entity WHERE finished = false
+			AND status NOT IN ('error', 'crashed', 'canceled') AND "workflowId" NOT IN ('n8nbrainSettings', 'n8nbrainEvents', 'n8nbrainIntake')`).Scan(&running)
+		_ = w.tenantDB.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE delivered_at IS NULL`).Scan(&undelivered)
+		return running == 0 && undelivered == 0
+	})
+}
+
+// lastExecution is the id of n8n's latest run.
+func (w *world) lastExecution() int {
+	var id int
+	_ = w.n8nDB.QueryRow(context.Background(), `SELECT COALESCE(max(id), 0) FROM execution_entity`).Scan(&id)
+	return id
+}
+
+// actRuns waits for n finished runs of the act workflow after run mark.
+func (w *world) actRuns(t *testing.T, mark, n int) {
+	t.Helper()
+	eventually(t, 2*time.Minute, fmt.Sprintf("%d runs of n8nbrain: act", n), func() bool {
+		var c int
+		_ = w.n8nDB.QueryRow(context.Background(), `SELECT count(*) FROM execution_entity WHERE id > $1
+			AND "workflowId" = 'n8nbrainAct' AND finished`, mark).Scan(&c)
+		return c >= n
+	})
+}
+
+func (w *world) deliver(t *testing.T, id, subject, body string) {
+	w.deliverFrom(t, customer, id, subject, body)
+}
+
+func (w *world) deliverFrom(t *testing.T, from, id, subject, body string) {
+	t.Helper()
+	if err := w.imap.save("INBOX", email(id, "Customer <"+from+">", mailFrom, subject, body)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (w *world) decide(t *testing.T, approvalID, decision string, body any) wire.ApprovalDecideReply {
+	t.Helper()
+	status, b := w.edge(http.MethodPost, "/v1/approvals/"+approvalID+"/"+decision, body)
+	if status != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", decision, approvalID, status, b)
+	}
+	var r wire.ApprovalDecideReply
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// replies are the messages sent to the customer about a subject.
+func (w *world) replies(t *testing.T, subject string) []parsed {
+	var out []parsed
+	for _, m := range w.smtp.to(customer) {
+		p := parse(t, m)
+		if p.subject(t) == subject {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (w *world) notifications(t *testing.T, contains string) int {
+	n := 0
+	for _, m := range w.smtp.to(notifyTo) {
+		p := parse(t, m)
+		if strings.Contains(p.subject(t)+"\n"+p.Body, contains) {
+			n++
+		}
+	}
+	return n
+}
+
+const approvedSubject = "Re: your quote request"
+const approvedBody = "Thanks for getting in touch. We are preparing your quote and will send it within two working days."
+
+func (w *world) approve(t *testing.T) {
+	id := "<approve-" + randomHex(6) + "@customer.example>"
+	w.deliver(t, id, "Quote for a new deck", "Hi, could you quote for a 20m2 hardwood deck? Thanks, Jo")
+	ap := w.pendingApproval(t, id)
+	// Reviewers hear about it (approval_requested), with a link to the page.
+	eventually(t, time.Minute, "the reviewers' notification", func() bool {
+		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
+	})
+	if n := len(w.replies(t, approvedSubject)); n != 0 {
+		t.Fatalf("%d replies sent before approval", n)
+	}
+	before := len(w.smtp.to(customer))
+	d := w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	w.waitItem(t, id, "closed", "succeeded")
+	w.idle(t)
+	got := w.smtp.to(customer)[before:]
+	if len(got) != 1 {
+		t.Fatalf("%d messages to the customer after approval, want exactly 1", len(got))
+	}
+	p := parse(t, got[0])
+	if p.subject(t) != approvedSubject || normalize(p.Body) != approvedBody {
+		t.Fatalf("sent %q / %q, approved %q / %q", p.subject(t), p.Body, approvedSubject, approvedBody)
+	}
+	if !strings.EqualFold(got[0].From, mailFrom) {
+		t.Fatalf("envelope sender %s", got[0].From)
+	}
+
+	// A second delivery of the approval_decided event, through the real
+	// path: the brain publishes it again, the edge delivers it to n8n,
+	// n8n acknowledges, and nothing is sent again.
+	mark := w.lastExecution()
+	tag, err := w.tenantDB.Exec(context.Background(), `UPDATE outbox SET delivered_at = NULL, next_attempt_at = now() WHERE id = $1`, d.EventID)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("re-queue the event: %v (%d rows)", err, tag.RowsAffected())
+	}
+	// Each delivery is two runs of act: accept the event, act on the decision.
+	w.actRuns(t, mark, 2)
+	w.idle(t)
+	var attempts int
+	_ = w.tenantDB.QueryRow(context.Background(), `SELECT attempts FROM outbox WHERE id = $1`, d.EventID).Scan(&attempts)
+	if attempts < 2 {
+		t.Fatalf("the event was published %d times, want a second delivery", attempts)
+	}
+	if n := len(w.smtp.to(customer)) - before; n != 1 {
+		t.Fatalf("%d messages to the customer after a duplicated event, want 1", n)
+	}
+	// And the same event posted twice more, directly, as the edge would.
+	ev := wire.Event{EventID: d.EventID, Kind: wire.EventApprovalDecided, WorkItemID: id, NextTurn: d.Approval.Turn + 1,
+		ApprovalID: ap.ID, Decision: "approved", OccurredAt: time.Now().UTC()}
+	mark = w.lastExecution()
+	for range 2 {
+		if s := w.postEvent(ev); s != http.StatusOK {
+			t.Fatalf("duplicate event answered %d", s)
+		}
+	}
+	w.actRuns(t, mark, 4)
+	w.idle(t)
+	if n := len(w.smtp.to(customer)) - before; n != 1 {
+		t.Fatalf("%d messages to the customer after the event came three times, want 1", n)
+	}
+}
+
+func (w *world) postEvent(ev wire.Event) int {
+	body, _ := json.Marshal(ev)
+	mac := hmac.New(sha256.New, []byte(w.secret))
+	mac.Write(body)
+	return w.postStatus("/webhook/brain-events", map[string]string{
+		edge.HeaderWebhookToken: w.secret, edge.HeaderIdempotencyKey: ev.EventID, edge.HeaderEventKind: string(ev.Kind),
+		edge.HeaderSignature: "sha256=" + hex.EncodeToString(mac.Sum(nil)),
+	}, string(body))
+}
+
+func (w *world) reject(t *testing.T) {
+	id := "<reject-" + randomHex(6) + "@customer.example>"
+	w.deliver(t, id, "Quote for a fence", "Could you quote for a fence?")
+	ap := w.pendingApproval(t, id)
+	before := len(w.smtp.to(customer))
+	w.decide(t, ap.ID, "reject", map[string]string{"by": "alice", "reason": "we do not build fences"})
+	w.waitItem(t, id, "escalated", "")
+	eventually(t, time.Minute, "the escalation notice", func() bool { return w.notifications(t, id) >= 1 })
+	w.idle(t)
+	if n := len(w.smtp.to(customer)) - before; n != 0 {
+		t.Fatalf("%d messages to the customer after a rejection", n)
+	}
+}
+
+func (w *world) edit(t *testing.T) {
+	id := "<edit-" + randomHex(6) + "@customer.example>"
+	w.deliver(t, id, "Quote for a pergola", "Could you quote for a pergola?")
+	ap := w.pendingApproval(t, id)
+	edited := map[string]string{"subject": "Re: your pergola", "body": "Hi Jo,\nYour quote is attached: 4 200 € & no <surprises>.\nRegards", "tone": "formal"}
+	before := len(w.smtp.to(customer))
+	w.decide(t, ap.ID, "edit", map[string]any{"by": "alice", "params": edited})
+	w.waitItem(t, id, "closed", "succeeded")
+	w.idle(t)
+	got := w.smtp.to(customer)[before:]
+	if len(got) != 1 {
+		t.Fatalf("%d messages after the edit, want 1", len(got))
+	}
+	p := parse(t, got[0])
+	if p.subject(t) != edited["subject"] || normalize(p.Body) != edited["body"] {
+		t.Fatalf("sent %q / %q, want the edited %q / %q", p.subject(t), p.Body, edited["subject"], edited["body"])
+	}
+}
+
+func (w *world) humanFirst(t *testing.T) {
+	id := "<human-" + randomHex(6) + "@customer.example>"
+	w.deliver(t, id, "Quote for a shed", "Could you quote for a shed?")
+	ap := w.pendingApproval(t, id)
+	before := len(w.smtp.to(customer))
+	// The owner answers from their own mail client: the reply lands in Sent.
+	reply := email("<owner-"+randomHex(6)+"@e2e.test>", "Owner <"+mailFrom+">", customer, "Re: Quote for a shed",
+		"Hi Jo, I'll call you this afternoon.", "In-Reply-To: "+id, "References: "+id)
+	if err := w.imap.save("Sent", reply); err != nil {
+		t.Fatal(err)
+	}
+	w.waitItem(t, id, "closed_manual", "closed_manual")
+	status, b := w.edge(http.MethodPost, "/v1/approvals/"+ap.ID+"/approve", map[string]string{"by": "alice"})
+	if status != http.StatusConflict {
+		t.Fatalf("approving after the human replied: %d %s", status, b)
+	}
+	w.idle(t)
+	if n := len(w.smtp.to(customer)) - before; n != 0 {
+		t.Fatalf("%d messages to the customer after a human replied", n)
+	}
+	var human []byte
+	_ = w.tenantDB.QueryRow(context.Background(), `SELECT human_action FROM work_items WHERE id = $1`, id).Scan(&human)
+	if !strings.Contains(string(human), "call you this afternoon") {
+		t.Fatalf("human_action %s", human)
+	}
+}
+
+func (w *world) smtpDown(t *testing.T) {
+	id := "<down-" + randomHex(6) + "@customer.example>"
+	// Its own customer: the same rule-made reply went to Jo already, and a
+	// sent copy is matched on recipient, text and minute.
+	const sam = "sam@customer.example"
+	w.deliverFrom(t, sam, id, "Quote for a carport", "Could you quote for a carport?")
+	ap := w.pendingApproval(t, id)
+	eventually(t, time.Minute, "the reviewers' notification", func() bool {
+		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
+	})
+	w.smtp.stop()
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			w.smtp.start()
+		}
+	})
+	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	// send_reply: unknown; verify_reply_sent: no copy in Sent → failed; escalated.
+	w.waitItem(t, id, "escalated", "failed")
+	var actions []string
+	rows, _ := w.tenantDB.Query(context.Background(), `SELECT action FROM decisions WHERE work_item_id = $1 AND action IS NOT NULL ORDER BY turn`, id)
+	actions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(actions, ",") != "draft_reply,send_reply,verify_reply_sent,escalate_item" {
+		t.Fatalf("actions %v", actions)
+	}
+	w.smtp.start()
+	restarted = true
+	w.idle(t)
+	if n := len(w.smtp.to(sam)); n != 0 {
+		t.Fatalf("%d messages to the customer, want none: the reply was never accepted and is never resent", n)
+	}
+}
+
+func (w *world) answerLost(t *testing.T) {
+	id := "<lost-" + randomHex(6) + "@customer.example>"
+	const kim = "kim@customer.example"
+	w.deliverFrom(t, kim, id, "Quote for decking oil", "Could you quote for oiling my deck?")
+	ap := w.pendingApproval(t, id)
+	eventually(t, time.Minute, "the reviewers' notification", func() bool {
+		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
+	})
+	before := len(w.smtp.to(kim))
+	w.smtp.mu.Lock()
+	w.smtp.dropNext = true
+	w.smtp.mu.Unlock()
+	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	// The server kept the message and the answer was lost: unknown; the
+	// copy is in Sent, so verify_reply_sent reports succeeded. Never resent.
+	w.waitItem(t, id, "closed", "succeeded")
+	w.idle(t)
+	if n := len(w.smtp.to(kim)) - before; n != 1 {
+		t.Fatalf("%d messages to the customer, want 1 (no blind repeat)", n)
+	}
+	var last string
+	_ = w.tenantDB.QueryRow(context.Background(), `SELECT last_action FROM work_items WHERE id = $1`, id).Scan(&last)
+	if last != "verify_reply_sent" {
+		t.Fatalf("last action %s, want verify_reply_sent", last)
+	}
+}
+
+func (w *world) webhookIntake(t *testing.T) {
+	id := "<hook-" + randomHex(6) + "@customer.example>"
+	body := fmt.Sprintf(`{"message_id":%q,"from":"Jo Bloggs <%s>","subject":"Quote for a gate","text":"Could you quote for a gate?"}`, id, customer)
+	// The events secret does not open the intake.
+	if s := w.postStatus("/webhook/new-email", map[string]string{devstack.N8NIntakeHeader: w.secret}, body); s != http.StatusForbidden {
+		t.Fatalf("intake with the events secret: %d, want 403", s)
+	}
+	if s := w.postStatus("/webhook/new-email", map[string]string{devstack.N8NIntakeHeader: w.intake}, body); s != http.StatusOK {
+		t.Fatalf("intake: %d", s)
+	}
+	ap := w.pendingApproval(t, id)
+	before := len(w.smtp.to(customer))
+	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	w.waitItem(t, id, "closed", "succeeded")
+	w.idle(t)
+	if n := len(w.smtp.to(customer)) - before; n != 1 {
+		t.Fatalf("%d replies, want 1", n)
+	}
+	// A bad request gets the edge's 400, once: no retries of client errors.
+	if s := w.postStatus("/webhook/new-email", map[string]string{devstack.N8NIntakeHeader: w.intake}, `{"from":"x"}`); s != http.StatusBadRequest {
+		t.Fatalf("intake without a message id: %d, want the edge's 400", s)
+	}
+}
+
+// noSecrets: no kept run holds a secret. The two webhook workflows keep no
+// run data, but n8n writes a webhook run's first data (the request headers,
+// the secret among them) when the run starts; at its end n8n marks it
+// deleted (hidden everywhere) and its pruning removes it. So: every run that
+// is kept is clean, and every run that held a secret is one of those,
+// already marked deleted.
+func (w *world) noSecrets(t *testing.T) {
+	w.idle(t)
+	eventually(t, time.Minute, "every webhook run to end (and be marked deleted)", func() bool {
+		var n int
+		_ = w.n8nDB.QueryRow(context.Background(), `SELECT count(*) FROM execution_entity
+			WHERE "workflowId" IN ('n8nbrainEvents', 'n8nbrainIntake') AND "deletedAt" IS NULL`).Scan(&n)
+		return n == 0
+	})
+	rows, err := w.n8nDB.Query(context.Background(), `SELECT e.id, e."workflowId", e."deletedAt" IS NOT NULL, d.data
+		FROM execution_data d JOIN execution_entity e ON e.id = d."executionId"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		ID       int
+		Workflow string
+		Deleted  bool
+		Data     string
+	}
+	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := 0
+	for _, r := range all {
+		if !r.Deleted {
+			kept++
+		}
+		for _, s := range w.secrets {
+			if !strings.Contains(r.Data, s) {
+				continue
+			}
+			receiver := r.Workflow == "n8nbrainEvents" || r.Workflow == "n8nbrainIntake"
+			if !r.Deleted || !receiver {
+				t.Errorf("run %d of %s (deleted: %v) keeps a secret (%s…)", r.ID, r.Workflow, r.Deleted, s[:6])
+			}
+		}
+	}
+	if kept < 10 {
+		t.Fatalf("only %d kept runs: the check would prove nothing", kept)
+	}
+	t.Logf("%d kept runs, none with a secret; %d runs marked deleted", kept, len(all)-kept)
+}
+
+func normalize(s string) string {
+	return strings.TrimRight(strings.ReplaceAll(s, "\r\n", "\n"), "\n")
+}
+
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func waitPort(t *testing.T, port int, d time.Duration, what string) {
+	t.Helper()
+	eventually(t, d, what+" to listen", func() bool {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
