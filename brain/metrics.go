@@ -1,6 +1,8 @@
 package brain
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -33,6 +35,11 @@ func (b *brain) newMetrics() *prometheus.Registry {
 		{"brain_items_halted_total", "Work items halted at the turn ceiling.", func() float64 { return float64(c.Halted.Load()) }},
 	} {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: m.name, Help: m.help}, m.v))
+	}
+	for scope, n := range map[string]*atomic.Int64{"all": &b.dir.Reloads.All, "tenant": &b.dir.Reloads.One} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "brain_registry_reloads_total",
+			Help: "Registry reloads: of every tenant (all), or of the one tenant a change names (tenant).", ConstLabels: prometheus.Labels{"scope": scope}},
+			func() float64 { return float64(n.Load()) }))
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_tenants_consumed",
 		Help: "Tenants whose turn consumer this replica is bound to."}, func() float64 { return float64(b.consumers.count()) }))

@@ -48,7 +48,11 @@ type system struct {
 	dbs map[string]*pgx.Conn
 }
 
-func newSystem(t testing.TB) *system {
+func newSystem(t testing.TB) *system { return newSystemWith(t, nil) }
+
+// newSystemWith is newSystem with the stack's configuration edited (a NATS
+// cluster, say).
+func newSystemWith(t testing.TB, edit func(*devstack.Config)) *system {
 	t.Helper()
 	adminURL := testdb.AdminURL(t)
 	prefix := "x" + randomHex(4) + "_"
@@ -56,13 +60,17 @@ func newSystem(t testing.TB) *system {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	streams := stream.Config{AckWait: 2 * time.Second}
-	st, err := devstack.Start(ctx, devstack.Config{
+	cfg := devstack.Config{
 		Dir:      t.TempDir(),
 		AdminURL: adminURL,
 		Prefix:   prefix,
 		Streams:  streams,
 		Logger:   slog.New(logs.handler()),
-	})
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	st, err := devstack.Start(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start stack: %v", err)
 	}

@@ -39,9 +39,13 @@ type Config struct {
 	// Prefix is prepended to provisioned role and database names (tests).
 	Prefix     string
 	NATSHost   string // default 127.0.0.1
-	NATSPort   int    // default: a free port
+	NATSPort   int    // default: a free port (single node only)
+	// NATSNodes is 1 (default) for one server, or 3 for a routed cluster
+	// whose streams are replicated on every node (R3).
+	NATSNodes  int
 	SyncAlways bool
-	// Streams is what every tenant's streams share (ack wait, storage).
+	// Streams is what every tenant's streams share (ack wait, storage); with
+	// a cluster its Replicas default to the number of nodes.
 	Streams stream.Config
 	Logger  *slog.Logger
 }
@@ -50,7 +54,7 @@ type Config struct {
 type Stack struct {
 	cfg        Config
 	log        *slog.Logger
-	NATS       *embed.Server
+	NATS       *embed.Cluster
 	Operator   *account.Operator
 	Brain      *account.Account
 	BrainCreds string
@@ -109,7 +113,8 @@ func (s *Stack) startNATS() error {
 	if err != nil {
 		return err
 	}
-	srv, err := embed.Start(embed.Config{
+	nodes := max(s.cfg.NATSNodes, 1)
+	srv, err := embed.StartCluster(embed.Config{
 		Host:          s.cfg.NATSHost,
 		Port:          s.cfg.NATSPort,
 		StoreDir:      filepath.Join(s.cfg.Dir, "jetstream"),
@@ -118,11 +123,14 @@ func (s *Stack) startNATS() error {
 		Accounts:      accounts,
 		SyncAlways:    s.cfg.SyncAlways,
 		Logger:        s.log,
-	})
+	}, nodes)
 	if err != nil {
 		return err
 	}
 	s.NATS = srv
+	if s.cfg.Streams.Replicas == 0 {
+		s.cfg.Streams.Replicas = nodes
+	}
 	if s.BrainCreds, err = s.IDs.WriteBrainCreds(); err != nil {
 		return err
 	}
@@ -139,9 +147,18 @@ func (s *Stack) startNATS() error {
 		return err
 	}
 	s.Streams = &provision.Streams{JS: js, Config: s.cfg.Streams}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// A cluster elects its JetStream leaders after the nodes meet: retry.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return s.Streams.EnsureShared(ctx)
+	for {
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		err = s.Streams.EnsureShared(actx)
+		acancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // Tenant is a tenant of the stack with what its edge needs.

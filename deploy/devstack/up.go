@@ -28,9 +28,11 @@ type UpOptions struct {
 	Dir      string // state folder, default .data
 	PGPort   int
 	NATSPort int
-	EdgeAddr string
-	OpsAddr  string
-	Replicas int
+	// NATSNodes is 1 for one server or 3 for a cluster with R3 streams.
+	NATSNodes int
+	EdgeAddr  string
+	OpsAddr   string
+	Replicas  int
 	// Getenv supplies brain settings not owned by the stack (model, workers).
 	Getenv func(string) string
 }
@@ -50,7 +52,7 @@ func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error
 		return err
 	}
 	st, err := Start(ctx, Config{Dir: filepath.Join(o.Dir, "stack"), AdminURL: pg.AdminURL(), NATSPort: o.NATSPort,
-		Logger: log.With("component", "nats")})
+		NATSNodes: o.NATSNodes, Logger: log.With("component", "nats")})
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ package embed
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -29,7 +30,19 @@ type Config struct {
 	// MaxStore is JetStream's file store limit; default 1 TiB (each stream's
 	// MaxBytes is reserved against it: see nats/conf.DefaultMaxStore).
 	MaxStore int64
-	Logger   *slog.Logger
+	// Name names the server (unique in a cluster). Default brain-nats-embedded.
+	Name string
+	// Cluster, when its Name is set, makes the server a node of a cluster.
+	Cluster ClusterConfig
+	Logger  *slog.Logger
+}
+
+// ClusterConfig joins a server to a cluster: the route listener and the
+// routes to the other nodes.
+type ClusterConfig struct {
+	Name   string
+	Port   int      // route listener on Host; default: a free port
+	Routes []string // nats-route://host:port of the other nodes
 }
 
 // Server is a running embedded server.
@@ -55,6 +68,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.MaxStore == 0 {
 		cfg.MaxStore = 1 << 40
 	}
+	if cfg.Name == "" {
+		cfg.Name = "brain-nats-embedded"
+	}
 	oc, err := jwt.DecodeOperatorClaims(cfg.OperatorJWT)
 	if err != nil {
 		return nil, fmt.Errorf("decode operator JWT: %w", err)
@@ -66,7 +82,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}
 	opts := &server.Options{
-		ServerName:        "brain-nats-embedded",
+		ServerName:        cfg.Name,
 		Host:              cfg.Host,
 		Port:              cfg.Port,
 		NoSigs:            true,
@@ -78,6 +94,15 @@ func Start(cfg Config) (*Server, error) {
 		SyncAlways:        cfg.SyncAlways,
 		MaxPayload:        1 << 20,
 		JetStreamMaxStore: cfg.MaxStore,
+	}
+	if c := cfg.Cluster; c.Name != "" {
+		opts.Cluster.Name = c.Name
+		opts.Cluster.Host = cfg.Host
+		opts.Cluster.Port = c.Port
+		if opts.Cluster.Port == 0 {
+			opts.Cluster.Port = server.RANDOM_PORT
+		}
+		opts.Routes = server.RoutesFromStr(strings.Join(c.Routes, ","))
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

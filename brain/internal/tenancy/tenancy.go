@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -66,6 +67,11 @@ type Directory struct {
 	byAccount map[string]*registry.Tenant
 	byID      map[registry.TenantID]*registry.Tenant
 	pools     map[registry.TenantID]*tenantPool
+
+	// Reloads counts registry reloads: All of every tenant (at start, on
+	// the safety-net timer, when the listener reconnects), One of a single
+	// tenant named by a change notification.
+	Reloads struct{ All, One atomic.Int64 }
 
 	// Tenants whose database refuses their role (see Check).
 	loginMu       sync.Mutex
@@ -321,6 +327,7 @@ func (d *Directory) closeIdlePools() {
 }
 
 func (d *Directory) reloadAll(ctx context.Context) error {
+	d.Reloads.All.Add(1)
 	ts, err := registry.TenantList(ctx, d.reg)
 	if err != nil {
 		return err
@@ -345,6 +352,7 @@ func (d *Directory) reloadAll(ctx context.Context) error {
 }
 
 func (d *Directory) reloadOne(ctx context.Context, id registry.TenantID) error {
+	d.Reloads.One.Add(1)
 	t, err := registry.TenantGet(ctx, d.reg, id)
 	gone := errors.Is(err, pgx.ErrNoRows)
 	if err != nil && !gone {

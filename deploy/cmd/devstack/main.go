@@ -45,7 +45,8 @@ func main() {
 		var opts devstack.UpOptions
 		fs.StringVar(&opts.Dir, "dir", ".data", "state folder (Postgres data, NATS keys and store, secrets)")
 		fs.IntVar(&opts.PGPort, "pg-port", 55432, "Postgres port on 127.0.0.1")
-		fs.IntVar(&opts.NATSPort, "nats-port", 4222, "NATS port on 127.0.0.1")
+		fs.IntVar(&opts.NATSPort, "nats-port", 4222, "NATS port on 127.0.0.1 (one server)")
+		fs.IntVar(&opts.NATSNodes, "nats-nodes", 1, "NATS servers: 1, or 3 for a routed cluster with every stream replicated (R3) on free ports")
 		fs.StringVar(&opts.EdgeAddr, "edge-addr", "127.0.0.1:8480", "client-zero edge HTTP address")
 		fs.StringVar(&opts.OpsAddr, "ops-addr", "127.0.0.1:8490", "brain replica 1 ops endpoints (/metrics)")
 		fs.IntVar(&opts.Replicas, "replicas", 2, "brain replicas to run")
