@@ -16,7 +16,10 @@ RUN set -eu; \
     useradd -u 1000 -g node -m -d /home/node -s /bin/sh node
 COPY node.tgz npm.tgz /tmp/
 # npm's global prefix is node's own folder: n8n lands in /opt/node/bin.
-ENV PATH=/opt/node/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# Node trusts the system's CA certificates too (images-local.sh adds this
+# machine's to them), for npm here and for n8n's own HTTPS calls.
+ENV PATH=/opt/node/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
 RUN set -eu; \
     mkdir -p /opt/node /opt/npm; \
     tar -xzf /tmp/node.tgz -C /opt/node --strip-components=1; \

@@ -2,7 +2,7 @@
 # The local postgres image's entrypoint: the part of the official image's
 # docker-entrypoint.sh that compose.yaml relies on. On an empty PGDATA it
 # initialises a cluster whose superuser POSTGRES_USER (postgres) has
-# POSTGRES_PASSWORD, creates POSTGRES_DB, and runs
+# POSTGRES_PASSWORD (UTF8, POSTGRES_INITDB_ARGS), creates POSTGRES_DB, runs
 # /docker-entrypoint-initdb.d/*.sh and *.sql against a server that listens on
 # its socket only; then it runs the server as the postgres user.
 set -eu
@@ -25,8 +25,12 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   export POSTGRES_DB="${POSTGRES_DB:-$POSTGRES_USER}"
   pwfile=$(mktemp)
   printf '%s\n' "$POSTGRES_PASSWORD" >"$pwfile"
+  # UTF8, as the official image's (its locale is en_US.utf8; C.UTF-8 needs
+  # no locale package). POSTGRES_INITDB_ARGS adds to it, as there.
+  # shellcheck disable=SC2086
   initdb -D "$PGDATA" --username="$POSTGRES_USER" --pwfile="$pwfile" \
-    --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+    --encoding=UTF8 --locale=C.UTF-8 --auth-local=trust --auth-host=scram-sha-256 \
+    ${POSTGRES_INITDB_ARGS:-} >/dev/null
   rm -f "$pwfile"
   echo "host all all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
   echo "listen_addresses = '*'" >>"$PGDATA/postgresql.conf"

@@ -18,7 +18,8 @@ RUN set -eu; \
     install -d -o postgres -g postgres -m 2777 /var/run/postgresql
 COPY postgres-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    PGDATA=/var/lib/postgresql/data
+    PGDATA=/var/lib/postgresql/data \
+    LANG=C.UTF-8
 VOLUME /var/lib/postgresql/data
 EXPOSE 5432
 STOPSIGNAL SIGINT

@@ -1,15 +1,7 @@
 //go:build compose
 
-// Package compose runs compose.yaml on a real Docker engine: the whole stack
-// as a developer starts it with `docker compose up`, under a project name of
-// its own (n8nbrain-composetest) on free loopback ports, so it never touches
-// a developer's stack. `make compose-test` builds the images and runs it
-// (`go test -tags compose ./tests/compose/`).
-//
-// Images: deploy/local/images.env by default (the local images
-// deploy/images-local.sh builds); COMPOSE_TEST_IMAGES names another env
-// file, or "upstream" for compose's defaults on a machine that can pull.
-// Every request goes to 127.0.0.1 and the containers this test started.
+// The test is behind the build tag: it needs a Docker engine and the images
+// (make compose-test provides both). See doc.go.
 package compose
 
 import (
@@ -193,7 +185,13 @@ func (s *stack) ps(t *testing.T) []psEntry {
 	t.Helper()
 	out := s.compose(time.Minute, "ps", "--all", "--format", "json")
 	var entries []psEntry
-	dec := json.NewDecoder(strings.NewReader(out))
+	if strings.HasPrefix(strings.TrimSpace(out), "[") { // older compose: one array
+		if err := json.Unmarshal([]byte(out), &entries); err != nil {
+			t.Fatalf("docker compose ps: %v\n%s", err, out)
+		}
+		return entries
+	}
+	dec := json.NewDecoder(strings.NewReader(out)) // one object a line
 	for dec.More() {
 		var e psEntry
 		if err := dec.Decode(&e); err != nil {
