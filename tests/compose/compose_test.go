@@ -24,6 +24,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,10 +58,6 @@ func TestComposeStack(t *testing.T) {
 	s := newStack(t)
 	s.compose(5*time.Minute, "down", "-v", "--remove-orphans") // a crashed earlier run
 	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := s.composeErr(2*time.Minute, "logs", "--no-color", "--tail", "80")
-			t.Logf("logs of the failed stack:\n%s", out)
-		}
 		if out, err := s.composeErr(5*time.Minute, "down", "-v", "--remove-orphans"); err != nil {
 			t.Errorf("docker compose down -v: %v\n%s", err, out)
 		}
@@ -75,7 +72,7 @@ func TestComposeStack(t *testing.T) {
 	t.Run("ProjectImagesAreStaticNonRootWithoutShell", s.checkProjectImages)
 
 	var first approvalFlow
-	t.Run("TurnApprovedOnTheReviewPageThenSendReply", func(t *testing.T) { first = s.approvalFlow(t) })
+	t.Run("TurnApprovedOnTheReviewPageThenSendReply", func(t *testing.T) { s.approvalFlow(t, &first) })
 	t.Run("N8NImportedTheWorkflowAndRunsTheLoop", s.n8nLoop)
 	t.Run("BrainAndNATSRestartMidLoadLoseNothing", s.restartUnderLoad)
 
@@ -393,15 +390,16 @@ type approvalFlow struct {
 // approvalFlow: turn 1 through the published edge port is a draft awaiting
 // approval; a reviewer approves it on the review page; turn 2 is send_reply
 // with that approval.
-func (s *stack) approvalFlow(t *testing.T) approvalFlow {
-	f := approvalFlow{workItemID: "<composetest-" + randomHex(t, 6) + "@customer.example>"}
+func (s *stack) approvalFlow(t *testing.T, f *approvalFlow) {
+	s.logsOnFailure(t, "edge", "brain")
+	f.workItemID = "<composetest-" + randomHex(t, 6) + "@customer.example>"
 	var err error
 	if f.turn1, err = s.decide(quote(f.workItemID), 2*time.Minute); err != nil {
 		t.Fatalf("turn 1: %v", err)
 	}
 	if f.turn1.Status != wire.WorkItemStatusAwaitingApproval || f.turn1.Action == nil ||
 		f.turn1.Action.Name != "draft_reply" || f.turn1.Action.ApprovalID == "" {
-		t.Fatalf("turn 1: %+v, want draft_reply awaiting approval", f.turn1)
+		t.Fatalf("turn 1: %s, want draft_reply awaiting approval", describe(f.turn1))
 	}
 	f.approvalID = f.turn1.Action.ApprovalID
 
@@ -435,10 +433,25 @@ func (s *stack) approvalFlow(t *testing.T) approvalFlow {
 	// Turn 2. The example workflow in n8n gets the approval_decided event
 	// too and may submit this same turn first; the brain then replays it.
 	f.turn2 = s.turn2(t, f.workItemID)
-	if f.turn2.Action == nil || f.turn2.Action.Name != "send_reply" || f.turn2.Action.ApprovalID != f.approvalID {
-		t.Fatalf("turn 2: %+v, want send_reply of approval %s", f.turn2, f.approvalID)
+	if got := sendReplyOf(f.turn2); got != f.approvalID {
+		t.Fatalf("turn 2: %s, want send_reply of approval %s", describe(f.turn2), f.approvalID)
 	}
-	return f
+}
+
+// sendReplyOf is the approval a send_reply decision sends, or "".
+func sendReplyOf(rep wire.TurnSubmitReply) string {
+	var p struct {
+		ApprovalID string `json:"approval_id"`
+	}
+	if rep.Action == nil || rep.Action.Name != "send_reply" || json.Unmarshal(rep.Action.Params, &p) != nil {
+		return ""
+	}
+	return p.ApprovalID
+}
+
+func describe(rep wire.TurnSubmitReply) string {
+	b, _ := json.Marshal(rep)
+	return string(b)
 }
 
 // turn2 submits {work_item_id, turn 2}; if n8n submitted turn 2 with
@@ -470,8 +483,16 @@ func (s *stack) n8nLoop(t *testing.T) {
 		"message_id": mid, "from": "Sam <sam@customer.example>",
 		"subject": "Quote for a fence", "text": "Could you quote for 30m of fencing?",
 	})
-	r, err := s.do(http.MethodPost, s.n8n+"/webhook/new-email", body, map[string]string{
-		"Content-Type": "application/json", "X-Brain-Webhook-Token": s.env["EDGE_WEBHOOK_SECRET"],
+	s.logsOnFailure(t, "n8n-import", "n8n", "edge")
+	// n8n reports healthy before it has registered the published
+	// workflow's webhooks: until then the webhook is a 404 (and runs nothing).
+	var r response
+	var err error
+	waitFor(t, 3*time.Minute, "n8n's New email webhook", func() bool {
+		r, err = s.do(http.MethodPost, s.n8n+"/webhook/new-email", body, map[string]string{
+			"Content-Type": "application/json", "X-Brain-Webhook-Token": s.env["EDGE_WEBHOOK_SECRET"],
+		})
+		return err != nil || r.status != http.StatusNotFound
 	})
 	if err != nil || r.status != http.StatusOK {
 		t.Fatalf("n8n new-email webhook: %v %d %s", err, r.status, r.body)
@@ -500,8 +521,8 @@ func (s *stack) n8nLoop(t *testing.T) {
 		r, err := s.api(http.MethodGet, "/v1/turns/"+subjects.TurnKey(mid, 2), nil)
 		return err == nil && r.status == http.StatusOK && json.Unmarshal(r.body, &turn2) == nil
 	})
-	if turn2.Action == nil || turn2.Action.Name != "send_reply" || turn2.Action.ApprovalID != approval.ID {
-		t.Fatalf("n8n's turn 2: %+v, want send_reply of %s", turn2, approval.ID)
+	if got := sendReplyOf(turn2); got != approval.ID {
+		t.Fatalf("n8n's turn 2: %s, want send_reply of %s", describe(turn2), approval.ID)
 	}
 }
 
@@ -510,7 +531,9 @@ func (s *stack) n8nLoop(t *testing.T) {
 // the edge could not take (it is idempotent); at the end every item has a
 // decision, and it is the decision the client was first given.
 func (s *stack) restartUnderLoad(t *testing.T) {
+	s.logsOnFailure(t, "edge", "brain", "nats")
 	const items, clients = 48, 4
+	var retried atomic.Int64
 	type result struct {
 		id    string
 		reply wire.TurnSubmitReply
@@ -540,6 +563,7 @@ func (s *stack) restartUnderLoad(t *testing.T) {
 					if err == nil || time.Now().After(deadline) {
 						break
 					}
+					retried.Add(1)
 					select {
 					case <-done:
 					case <-time.After(time.Second): // the edge answers 503 with Retry-After: 1
@@ -569,6 +593,7 @@ func (s *stack) restartUnderLoad(t *testing.T) {
 	wg.Wait()
 	close(done)
 	close(results)
+	t.Logf("%d items decided; %d submissions were retried while a brain or NATS restarted", items, retried.Load())
 	n := 0
 	for r := range results {
 		n++
@@ -577,14 +602,14 @@ func (s *stack) restartUnderLoad(t *testing.T) {
 			continue
 		}
 		if r.reply.Action == nil || r.reply.Action.Name != "draft_reply" || r.reply.Action.ApprovalID == "" {
-			t.Errorf("%s: %+v, want draft_reply awaiting approval", r.id, r.reply)
+			t.Errorf("%s: %s, want draft_reply awaiting approval", r.id, describe(r.reply))
 			continue
 		}
 		// Nothing lost, nothing decided twice: the same turn again is the
 		// stored decision, with the same approval.
 		again, err := s.decide(quote(r.id), time.Minute)
 		if err != nil || !again.Replayed || again.Action == nil || again.Action.ApprovalID != r.reply.Action.ApprovalID {
-			t.Errorf("%s again: %+v %v; first decision had approval %s", r.id, again, err, r.reply.Action.ApprovalID)
+			t.Errorf("%s again: %s %v; first decision had approval %s", r.id, describe(again), err, r.reply.Action.ApprovalID)
 		}
 	}
 	if n != items {
@@ -596,12 +621,13 @@ func (s *stack) restartUnderLoad(t *testing.T) {
 // stateKept: after down and up, the first flow's decisions, its approval and
 // n8n's import marker are still there.
 func (s *stack) stateKept(t *testing.T, f approvalFlow) {
-	if f.approvalID == "" {
-		t.Fatal("the first flow did not get as far as an approval")
+	if f.turn2.Action == nil {
+		t.Fatal("the first flow did not get as far as turn 2")
 	}
+	s.logsOnFailure(t, "edge", "brain", "n8n-import")
 	turn2 := s.turn2(t, f.workItemID)
-	if !turn2.Replayed || turn2.Action == nil || turn2.Action.ApprovalID != f.approvalID {
-		t.Errorf("turn 2 after down and up: %+v, want the stored send_reply of %s", turn2, f.approvalID)
+	if !turn2.Replayed || sendReplyOf(turn2) != f.approvalID {
+		t.Errorf("turn 2 after down and up: %s, want the stored send_reply of %s", describe(turn2), f.approvalID)
 	}
 	var got wire.ApprovalGetReply
 	r, err := s.api(http.MethodGet, "/v1/approvals/"+f.approvalID, nil)
@@ -617,6 +643,7 @@ func (s *stack) stateKept(t *testing.T, f approvalFlow) {
 // local image is the stand-in: it has no model and answers chats 503, which
 // the brain escalates), and the pull step recorded BRAIN_MODEL.
 func (s *stack) cpuProfile(t *testing.T) {
+	s.logsOnFailure(t, "ollama-cpu", "ollama-pull-cpu", "brain")
 	if out := s.compose(time.Minute, "logs", "--no-color", "ollama-pull-cpu"); !strings.Contains(out, "qwen3:4b") {
 		t.Errorf("ollama-pull-cpu did not pull BRAIN_MODEL:\n%s", out)
 	}
@@ -626,7 +653,7 @@ func (s *stack) cpuProfile(t *testing.T) {
 		t.Fatalf("turn for the model: %v", err)
 	}
 	if rep.Status != wire.WorkItemStatusEscalated {
-		t.Errorf("no rule decides it and the stand-in has no model: %+v, want escalated", rep)
+		t.Errorf("no rule decides it and the stand-in has no model: %s, want escalated", describe(rep))
 	}
 	if out := s.compose(time.Minute, "logs", "--no-color", "ollama-cpu"); !strings.Contains(out, "path=/api/chat") {
 		t.Errorf("the brain's model call did not reach the cpu profile's Ollama:\n%s", out)
@@ -646,6 +673,17 @@ func (s *stack) checkGone(t *testing.T) {
 }
 
 // --- helpers ----------------------------------------------------------------
+
+// logsOnFailure shows the services' recent logs if t fails, while the
+// stack is still up.
+func (s *stack) logsOnFailure(t *testing.T, services ...string) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := s.composeErr(2*time.Minute, append([]string{"logs", "--no-color", "--tail", "60"}, services...)...)
+			t.Logf("logs of %s:\n%s", strings.Join(services, ", "), out)
+		}
+	})
+}
 
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
