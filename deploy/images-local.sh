@@ -27,6 +27,8 @@
 # Dockerfile and files, versions, the base image's id) and is skipped when
 # the image in the engine has the same hash, so a second run takes seconds.
 # Build logs go to $N8NBRAIN_IMAGES_CACHE/logs (default ~/.cache/n8nbrain-images).
+# Needs a running Docker engine, debootstrap (root, for the base), go and npm
+# (make compose-images installs and starts what is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf 'images-local: %s\n' "$*" >&2; }
@@ -105,6 +107,10 @@ image_base() {
   hash=$( { printf 'debootstrap minbase %s ca-certificates v1\n' "$SUITE"; cat "${HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}" 2>/dev/null; } | inputs)
   if current "$BASE_IMAGE" "$hash"; then log "base: $BASE_IMAGE is up to date"; return; fi
   local mirror rootfs started=$SECONDS
+  if [ "$(id -u)" -ne 0 ]; then
+    log "base: debootstrap needs root: run this script as root (sudo) once; later runs reuse the image"
+    exit 1
+  fi
   mirror=$(debian_mirror)
   rootfs="$work/rootfs"
   log "base: debootstrap $SUITE from $mirror (log: $CACHE/logs/base.log)"

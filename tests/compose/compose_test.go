@@ -526,36 +526,42 @@ func (s *stack) n8nLoop(t *testing.T) {
 	}
 }
 
-// restartUnderLoad submits work items from a few clients while one brain
-// container and then the NATS container restart. A client retries a turn
-// the edge could not take (it is idempotent); at the end every item has a
-// decision, and it is the decision the client was first given.
+// restartUnderLoad keeps a few clients submitting new work items while one
+// brain container and then the NATS container restart. A client retries a
+// turn the edge could not take (it is idempotent); at the end every item has
+// a decision, and it is the decision the client was first given.
 func (s *stack) restartUnderLoad(t *testing.T) {
 	s.logsOnFailure(t, "edge", "brain", "nats")
-	const items, clients = 48, 4
-	var retried atomic.Int64
+	const clients, maxItems = 4, 2000
+	var retried, seq atomic.Int64
 	type result struct {
-		id    string
-		reply wire.TurnSubmitReply
-		err   error
+		id         string
+		reply      wire.TurnSubmitReply
+		err        error
+		start, end time.Time
 	}
-	results := make(chan result, items)
-	next := make(chan int, items)
-	for i := range items {
-		next <- i
-	}
-	close(next)
-	done := make(chan struct{})
+	results := make(chan result, maxItems)
+	progress := make(chan struct{}, maxItems)
+	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	progress := make(chan struct{}, items)
 	prefix := randomHex(t, 4)
 	for range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range next {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				i := seq.Add(1)
+				if i > maxItems {
+					return
+				}
 				id := fmt.Sprintf("<load-%s-%d@customer.example>", prefix, i)
-				deadline := time.Now().Add(4 * time.Minute)
+				start := time.Now()
+				deadline := start.Add(4 * time.Minute)
 				var rep wire.TurnSubmitReply
 				var err error
 				for {
@@ -564,39 +570,49 @@ func (s *stack) restartUnderLoad(t *testing.T) {
 						break
 					}
 					retried.Add(1)
-					select {
-					case <-done:
-					case <-time.After(time.Second): // the edge answers 503 with Retry-After: 1
-					}
+					time.Sleep(time.Second) // the edge answers 503 with Retry-After: 1
 				}
-				results <- result{id, rep, err}
+				results <- result{id, rep, err, start, time.Now()}
 				progress <- struct{}{}
 			}
 		}()
 	}
 	waitProgress := func(n int) {
+		t.Helper()
 		for range n {
 			select {
 			case <-progress:
 			case <-time.After(5 * time.Minute):
+				close(stop)
 				t.Fatalf("load stalled")
 			}
 		}
 	}
+	type window struct {
+		container  string
+		start, end time.Time
+	}
+	var restarts []window
+	for _, c := range []string{project + "-brain-1", project + "-nats-1"} {
+		waitProgress(8)
+		w := window{container: c, start: time.Now()}
+		docker(t, "restart", c)
+		w.end = time.Now()
+		restarts = append(restarts, w)
+	}
 	waitProgress(8)
-	t.Logf("restarting %s-brain-1 with load running", project)
-	docker(t, "restart", project+"-brain-1")
-	waitProgress(8)
-	t.Logf("restarting %s-nats-1 with load running", project)
-	docker(t, "restart", project+"-nats-1")
-	waitProgress(8)
+	close(stop)
 	wg.Wait()
-	close(done)
 	close(results)
+	items := len(results)
 	t.Logf("%d items decided; %d submissions were retried while a brain or NATS restarted", items, retried.Load())
-	n := 0
+	during := make([]int, len(restarts))
 	for r := range results {
-		n++
+		for i, w := range restarts {
+			if r.start.Before(w.end) && r.end.After(w.start) {
+				during[i]++
+			}
+		}
 		if r.err != nil {
 			t.Errorf("%s: no decision: %v", r.id, r.err)
 			continue
@@ -612,8 +628,11 @@ func (s *stack) restartUnderLoad(t *testing.T) {
 			t.Errorf("%s again: %s %v; first decision had approval %s", r.id, describe(again), err, r.reply.Action.ApprovalID)
 		}
 	}
-	if n != items {
-		t.Errorf("%d results for %d items", n, items)
+	for i, w := range restarts {
+		t.Logf("%s restarted in %s; %d items were in flight meanwhile", w.container, w.end.Sub(w.start).Round(100*time.Millisecond), during[i])
+		if during[i] == 0 {
+			t.Errorf("no item was in flight while %s restarted: the load did not cover the restart", w.container)
+		}
 	}
 	s.waitHealthy(longRunning, oneShots, 5*time.Minute)
 }
