@@ -49,6 +49,15 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzTurnSubmitDecode -fuzztime $(FUZZTIME) ./edge/
 
 ## compose-config: validate compose.yaml (needs the docker compose plugin, not a running daemon)
-.PHONY: compose-config
+.PHONY: compose-config compose-images compose-test
 compose-config:
 	docker compose config -q
+
+## compose-images: the Docker engine and compose plugin when missing, then the local images of deploy/local/images.env (deploy/images-local.sh)
+compose-images:
+	@deploy/ensure-docker.sh
+	@deploy/images-local.sh
+
+## compose-test: `docker compose up` of the whole stack on the local images, under its own project name (tests/compose; CI runs it)
+compose-test: compose-images
+	$(GO) test -tags compose -count=1 -timeout 45m -v ./tests/compose/

@@ -237,3 +237,28 @@ func TestShippedWorkflowsAreConsistent(t *testing.T) {
 		t.Errorf("webhook paths %q", paths)
 	}
 }
+
+// Every image compose.yaml runs or builds on is a variable, so a machine
+// that cannot pull replaces it, and deploy/local/images.env replaces every
+// one with a local image that deploy/images-local.sh builds.
+func TestEveryImageIsReplacedByTheLocalImages(t *testing.T) {
+	compose := readFile(t, "../../compose.yaml")
+	local := readFile(t, "../local/images.env")
+	var vars []string
+	for _, m := range regexp.MustCompile(`(?m)^\s+(image|GO_IMAGE|RUNTIME_IMAGE): (.*)$`).FindAllStringSubmatch(compose, -1) {
+		v := regexp.MustCompile(`^\$\{([A-Z0-9_]+):-[^}]+\}$`).FindStringSubmatch(m[2])
+		if v == nil {
+			t.Errorf("%s %s is not a ${VAR:-default}: it cannot be replaced", m[1], m[2])
+			continue
+		}
+		vars = append(vars, v[1])
+	}
+	if len(vars) < 8 {
+		t.Fatalf("found only %q in compose.yaml", vars)
+	}
+	for _, v := range vars {
+		if !regexp.MustCompile(`(?m)^` + v + `=n8nbrain-local/\S+$`).MatchString(local) {
+			t.Errorf("deploy/local/images.env does not give %s a local image", v)
+		}
+	}
+}

@@ -1,5 +1,6 @@
 // Command brain runs one brain replica, configured from the environment
-// (see brain.ConfigFromEnv).
+// (see brain.ConfigFromEnv). `brain healthcheck` asks a running replica's
+// BRAIN_OPS_ADDR whether it is ready (a container health check; exit 0 or 1).
 package main
 
 import (
@@ -10,9 +11,14 @@ import (
 	"syscall"
 
 	"n8nbrain/brain"
+	"n8nbrain/internal/healthcheck"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
+		cfg, err := brain.ConfigFromEnv(os.Getenv)
+		os.Exit(healthcheck.Main(cfg.OpsAddr, err))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))

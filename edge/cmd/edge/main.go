@@ -1,4 +1,6 @@
 // Command edge runs a tenant's edge beside its n8n; see package edge.
+// `edge healthcheck` asks a running edge on EDGE_ADDR whether it is ready (a
+// container health check; exit 0 or 1).
 package main
 
 import (
@@ -12,9 +14,14 @@ import (
 	_ "time/tzdata"
 
 	"n8nbrain/edge"
+	"n8nbrain/internal/healthcheck"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
+		cfg, err := edge.ConfigFromEnv(os.Getenv)
+		os.Exit(healthcheck.Main(cfg.Addr, err))
+	}
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
