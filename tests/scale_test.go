@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nkeys"
+
 	"n8nbrain/brain"
 	"n8nbrain/deploy/devstack"
 	"n8nbrain/edge"
+	"n8nbrain/registry"
 	"n8nbrain/wire"
 )
 
@@ -170,5 +173,89 @@ func TestIdleTenantsCostNothing(t *testing.T) {
 	}
 	if logs := s.logs.String(); strings.Contains(logs, "turn failed; will be retried") {
 		t.Fatal("a turn failed and was retried: the closed pool was not reopened cleanly")
+	}
+}
+
+// addRegistryTenants writes n tenants straight into the registry (their
+// databases are never reached: they stay idle) and provisions their streams,
+// as many tenants as the test needs without n databases.
+func addRegistryTenants(t testing.TB, s *system, prefix string, n int) []*registry.Tenant {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	reg, err := s.stack.Ops.RegistryAdmin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(context.Background())
+	var out []*registry.Tenant
+	for i := range n {
+		kp, err := nkeys.CreateAccount()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		tn := registry.Tenant{ID: registry.TenantID(fmt.Sprintf("%s-%04d", prefix, i)), NATSAccount: pub, Status: registry.TenantStatusActive,
+			DB:          registry.DBConfig{Host: "127.0.0.1", Port: 1, Name: "never", User: "never", PasswordSealed: []byte("never opened")},
+			TurnCeiling: 8, ApprovalMode: registry.ApprovalModeReviewApp, ApprovalTTL: time.Hour, CatalogueVersion: 1,
+			Categories: []string{"general"}}
+		if err := registry.TenantInsert(ctx, reg, tn); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.stack.Streams.EnsureTenant(ctx, &tn); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, &tn)
+	}
+	return out
+}
+
+// A replica binds to every tenant in the registry at start, and a change to
+// one tenant's row reloads that tenant only.
+func TestManyTenantsStartAndReloadOne(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	const n = 200
+	addRegistryTenants(t, s, "many", n)
+	a := s.tenant(spec("many-real"))
+	ops, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsURL := "http://" + ops.Addr().String()
+	start := time.Now()
+	s.startBrain("r1", func(c *brain.Config) {
+		noSafetyNet(c)
+		c.OpsListener = ops
+		c.RegistryRefresh = time.Hour // only notifications reload
+	})
+	eventually(t, time.Minute, "the replica to bind every tenant", func() bool {
+		return metricValue(t, metricsURL, "brain_tenants_consumed") == n+1
+	})
+	t.Logf("bound %d tenants' consumers in %s", n+1, time.Since(start))
+	all := metricValue(t, metricsURL, `brain_registry_reloads_total{scope="all"}`)
+	one := metricValue(t, metricsURL, `brain_registry_reloads_total{scope="tenant"}`)
+
+	// One tenant's ceiling changes: that tenant is reloaded, nothing else.
+	reg, err := s.stack.Ops.RegistryAdmin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(context.Background())
+	if _, err := reg.Exec(context.Background(), `UPDATE tenants SET turn_ceiling = 1 WHERE id = $1`, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the change to be reloaded", func() bool {
+		return metricValue(t, metricsURL, `brain_registry_reloads_total{scope="tenant"}`) == one+1
+	})
+	if got := metricValue(t, metricsURL, `brain_registry_reloads_total{scope="all"}`); got != all {
+		t.Fatalf("a change to one tenant reloaded the whole registry (%v → %v)", all, got)
+	}
+	// And it applies: turn 2 is past the new ceiling of 1.
+	ea := s.startEdge(a, nil)
+	id := "<many-ceiling@x>"
+	ea.submit(quoteEmail(id)).reply(t)
+	if rep := ea.submit(later(id, 2, nil)).reply(t); rep.Status != wire.WorkItemStatusHalted {
+		t.Fatalf("turn 2 past the new ceiling: %+v", rep)
 	}
 }

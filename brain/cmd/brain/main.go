@@ -21,7 +21,16 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	var level slog.Level // BRAIN_LOG_LEVEL: debug, info (default), warn, error
+	levelErr := level.UnmarshalText([]byte(os.Getenv("BRAIN_LOG_LEVEL")))
+	if os.Getenv("BRAIN_LOG_LEVEL") == "" {
+		levelErr = nil
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if levelErr != nil {
+		log.Error("BRAIN_LOG_LEVEL must be debug, info, warn or error", "value", os.Getenv("BRAIN_LOG_LEVEL"))
+		os.Exit(1)
+	}
 	cfg, err := brain.ConfigFromEnv(os.Getenv)
 	if err == nil {
 		err = brain.Run(ctx, cfg, log)
