@@ -48,10 +48,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTurnSubmitRequest -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run '^$$' -fuzz FuzzTurnSubmitDecode -fuzztime $(FUZZTIME) ./edge/
 
-## compose-config: validate compose.yaml (needs the docker compose plugin, not a running daemon)
+## compose-config: validate compose.yaml and its NATS cluster override (needs the docker compose plugin, not a running daemon)
 .PHONY: compose-config compose-images compose-test
 compose-config:
 	docker compose config -q
+	docker compose -f compose.yaml -f deploy/compose.nats-cluster.yaml config -q
 
 ## compose-images: the Docker engine and compose plugin when missing, then the local images of deploy/local/images.env (deploy/images-local.sh)
 compose-images:

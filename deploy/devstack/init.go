@@ -20,6 +20,7 @@ import (
 
 	"n8nbrain/nats/account"
 	"n8nbrain/nats/conf"
+	"n8nbrain/nats/stream"
 	"n8nbrain/provision"
 	"n8nbrain/registry"
 )
@@ -60,6 +61,11 @@ type InitOptions struct {
 	// [INIT_NATS_LISTEN 0.0.0.0:4222, INIT_NATS_HTTP 0.0.0.0:8222,
 	// INIT_NATS_STORE_DIR /data/jetstream, NATS_SYNC_INTERVAL always].
 	NATS conf.Config
+	// NATSNodes is 1 (nats/nats.conf) or 3: a routed cluster, each node's
+	// file nats/nats-<n>.conf, for the compose services nats, nats-2 and
+	// nats-3 (deploy/compose.nats-cluster.yaml); the streams step then
+	// replicates every stream on the three [INIT_NATS_NODES, default 1].
+	NATSNodes int
 	// N8N is what the n8n import writes besides the secrets above: the
 	// edge's address as n8n sees it [INIT_N8N_EDGE_URL, default
 	// http://edge:8480], the review page's for links [N8NBRAIN_REVIEW_URL,
@@ -83,6 +89,7 @@ type InitOptions struct {
 // Paths in the state volume, relative to its root. compose.yaml names them.
 const (
 	InitNATSConf         = "nats/nats.conf"
+	InitNATSNodeConf     = "nats/nats-%d.conf" // a cluster node's (INIT_NATS_NODES)
 	InitBrainCreds       = "creds/brain.creds"
 	InitProvisionerCreds = "creds/provisioner.creds"
 	InitEdgeToken        = "edge/client-zero.token"
@@ -135,7 +142,7 @@ func InitOptionsFromEnv(getenv func(string) string) (InitOptions, error) {
 	for _, v := range []struct {
 		name string
 		dst  *int
-	}{{"INIT_DB_PORT", &o.DBPort}, {"INIT_N8N_GID", &o.N8NGroup}} {
+	}{{"INIT_DB_PORT", &o.DBPort}, {"INIT_N8N_GID", &o.N8NGroup}, {"INIT_NATS_NODES", &o.NATSNodes}} {
 		if s := strings.TrimSpace(getenv(v.name)); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil {
@@ -196,6 +203,9 @@ func (o InitOptions) validate() error {
 	var errs []error
 	if o.AdminURL == "" {
 		errs = append(errs, errors.New("INIT_ADMIN_URL is required: the Postgres bootstrap role's URL"))
+	}
+	if n := o.NATSNodes; n != 0 && n != 1 && n != 3 && n != 5 {
+		errs = append(errs, fmt.Errorf("INIT_NATS_NODES must be 1, 3 or 5 (a cluster needs an odd number of nodes), got %d", n))
 	}
 	if o.RegistryPassword != "" && !urlSafeRe.MatchString(o.RegistryPassword) {
 		errs = append(errs, errors.New("BRAIN_REGISTRY_PASSWORD must be at least 16 characters of A-Z a-z 0-9 . _ ~ - (it is written into BRAIN_REGISTRY_URL)"))
@@ -339,6 +349,21 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 	res.NATSConf = filepath.Join(o.Dir, InitNATSConf)
 	if err := conf.WriteFile(res.NATSConf, nc); err != nil {
 		return nil, fmt.Errorf("nats config: %w", err)
+	}
+	if o.NATSNodes > 1 {
+		for i := 1; i <= o.NATSNodes; i++ {
+			node := nc
+			node.ServerName = ClusterNodeHost(i)
+			node.Cluster = conf.Cluster{Name: "brain-nats"}
+			for j := 1; j <= o.NATSNodes; j++ {
+				if j != i {
+					node.Cluster.Routes = append(node.Cluster.Routes, "nats-route://"+ClusterNodeHost(j)+":6222")
+				}
+			}
+			if err := conf.WriteFile(filepath.Join(o.Dir, fmt.Sprintf(InitNATSNodeConf, i)), node); err != nil {
+				return nil, fmt.Errorf("nats config of node %d: %w", i, err)
+			}
+		}
 	}
 	if res.BrainCreds, err = ids.WriteBrainCreds(); err != nil {
 		return nil, err
@@ -489,6 +514,15 @@ func InitFromEnv(ctx context.Context, getenv func(string) string, dir string, ou
 	return err
 }
 
+// ClusterNodeHost is the compose service (and server name) of cluster node
+// i (from 1): nats, nats-2, nats-3.
+func ClusterNodeHost(i int) string {
+	if i == 1 {
+		return "nats"
+	}
+	return fmt.Sprintf("nats-%d", i)
+}
+
 // InitStreamsFromEnv is compose's second one-shot step, once NATS is up:
 // it creates (or brings in line with the registry) every tenant's streams
 // and consumer with the STREAMS provisioner's .creds that Init wrote. The
@@ -545,7 +579,7 @@ func InitStreams(ctx context.Context, o InitOptions, natsURL string, log *slog.L
 	if err != nil {
 		return 0, err
 	}
-	streams := &provision.Streams{JS: js}
+	streams := &provision.Streams{JS: js, Config: stream.Config{Replicas: max(o.NATSNodes, 1)}}
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err = streams.EnsureShared(actx)

@@ -78,6 +78,17 @@ type Config struct {
 	MaxPayload int
 	// MaxStore is JetStream's max_file_store in bytes. Default DefaultMaxStore.
 	MaxStore int64
+	// Cluster, when its Name is set, makes the server a node of a routed
+	// cluster (ServerName must then be unique among the nodes).
+	Cluster Cluster
+}
+
+// Cluster is a node's cluster block: its route listener and the routes to
+// the other nodes (nats-route://host:port).
+type Cluster struct {
+	Name   string
+	Listen string // default 0.0.0.0:6222
+	Routes []string
 }
 
 // DefaultMaxStore is JetStream's file store limit. Every stream's MaxBytes
@@ -105,6 +116,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxStore == 0 {
 		c.MaxStore = DefaultMaxStore
 	}
+	if c.Cluster.Name != "" && c.Cluster.Listen == "" {
+		c.Cluster.Listen = "0.0.0.0:6222"
+	}
 	return c
 }
 
@@ -128,6 +142,16 @@ func (c Config) validate() error {
 	if c.Sync != SyncAlways {
 		if d, err := time.ParseDuration(c.Sync); err != nil || d <= 0 {
 			errs = append(errs, fmt.Errorf("nats conf: sync interval %q must be %q or a positive duration such as 1s", c.Sync, SyncAlways))
+		}
+	}
+	if cl := c.Cluster; cl.Name != "" {
+		if !plain(cl.Name) || strings.ContainsAny(cl.Name, " \t") {
+			errs = append(errs, fmt.Errorf("nats conf: cluster name %q must be one word", cl.Name))
+		}
+		for _, r := range cl.Routes {
+			if !plain(r) || !strings.HasPrefix(r, "nats-route://") {
+				errs = append(errs, fmt.Errorf("nats conf: route %q must be nats-route://host:port", r))
+			}
 		}
 	}
 	if c.MaxPayload < 1 {
@@ -173,6 +197,18 @@ func Render(c Config) ([]byte, error) {
 	w("# Monitoring: /healthz?js-enabled-only=true is the container's health check.\n")
 	w("http: %q\n", c.HTTP)
 	w("max_payload: %d\n\n", c.MaxPayload)
+	if cl := c.Cluster; cl.Name != "" {
+		w("# A node of a routed cluster: streams are replicated across the nodes (R3).\n")
+		w("cluster {\n")
+		w("  name: %q\n", cl.Name)
+		w("  listen: %q\n", cl.Listen)
+		w("  routes: [\n")
+		for _, r := range cl.Routes {
+			w("    %q\n", r)
+		}
+		w("  ]\n")
+		w("}\n\n")
+	}
 	w("jetstream {\n")
 	w("  store_dir: %q\n", c.StoreDir)
 	w("  # Reserved up front by each stream's MaxBytes (every tenant's quota); not the disk's size.\n")

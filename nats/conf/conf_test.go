@@ -2,6 +2,8 @@ package conf_test
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -267,5 +269,92 @@ func TestRenderRejects(t *testing.T) {
 		if _, err := conf.Render(c); err == nil {
 			t.Errorf("%s: rendered", name)
 		}
+	}
+}
+
+// The cluster files compose's cluster option runs (INIT_NATS_NODES=3) are
+// real: nats-server's parser loads three, the servers route to each other,
+// and the provisioner creates a tenant's streams with three replicas.
+func TestClusterConfigFilesFormACluster(t *testing.T) {
+	id := newIdentities(t)
+	dir := t.TempDir()
+	var routePorts []int
+	for range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		routePorts = append(routePorts, ln.Addr().(*net.TCPAddr).Port)
+		ln.Close()
+	}
+	var urls []string
+	var servers []*server.Server
+	for i := range 3 {
+		c := id.config(filepath.Join(dir, fmt.Sprintf("js-%d", i)))
+		c.ServerName = fmt.Sprintf("node-%d", i+1)
+		c.Cluster = conf.Cluster{Name: "brain-nats", Listen: fmt.Sprintf("127.0.0.1:%d", routePorts[i])}
+		for j := range 3 {
+			if j != i {
+				c.Cluster.Routes = append(c.Cluster.Routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[j]))
+			}
+		}
+		path := filepath.Join(dir, fmt.Sprintf("nats-%d.conf", i+1))
+		if err := conf.WriteFile(path, c); err != nil {
+			t.Fatal(err)
+		}
+		opts, err := server.ProcessConfigFile(path)
+		if err != nil {
+			t.Fatalf("nats-server rejects node %d's config: %v", i+1, err)
+		}
+		if opts.Cluster.Name != "brain-nats" || len(opts.Routes) != 2 || opts.ServerName != c.ServerName {
+			t.Fatalf("node %d: cluster %q, %d routes, name %q", i+1, opts.Cluster.Name, len(opts.Routes), opts.ServerName)
+		}
+		opts.NoSigs = true
+		srv, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Start()
+		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+		servers = append(servers, srv)
+	}
+	for _, srv := range servers {
+		if !srv.ReadyForConnections(10 * time.Second) {
+			t.Fatal("a node is not ready")
+		}
+		urls = append(urls, srv.ClientURL())
+	}
+	pnc, err := nats.Connect(strings.Join(urls, ","), nats.UserCredentials(id.provisionerCreds), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pnc.Close()
+	pjs, err := jetstream.New(pnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = stream.EnsureTenant(ctx, pjs, stream.Config{Replicas: 3}, id.tenant.Public, stream.Limits{})
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("three replicas of the tenant's streams: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	st, err := pjs.Stream(context.Background(), subjects.TurnsStream(id.tenant.Public))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+		t.Fatalf("the stream is not on three nodes: %+v", info.Cluster)
 	}
 }

@@ -64,6 +64,13 @@ func TestComposeStack(t *testing.T) {
 		}
 	})
 
+	// The NATS cluster option is an override file compose must accept.
+	cluster := exec.Command("docker", "compose", "--project-directory", s.root, "--file", filepath.Join(s.root, "compose.yaml"),
+		"--file", filepath.Join(s.root, "deploy", "compose.nats-cluster.yaml"), "--env-file", s.envFile, "config", "-q")
+	if out, err := cluster.CombinedOutput(); err != nil {
+		t.Fatalf("docker compose rejects the NATS cluster override: %v\n%s", err, out)
+	}
+
 	started := time.Now()
 	s.compose(10*time.Minute, "up", "-d", "--no-build", "--pull", "never")
 	s.waitHealthy(longRunning, oneShots, 12*time.Minute)
