@@ -42,9 +42,11 @@ type Pools interface {
 	Check(t *registry.Tenant, err error) error
 }
 
-// Timers sets a tenant's timers (timer.Timers).
+// Timers sets a tenant's timers (timer.Timers): At waits for the timer to
+// be stored, Go does not.
 type Timers interface {
 	At(ctx context.Context, account, kind, id string, t time.Time) error
+	Go(ctx context.Context, account, kind, id string, t time.Time, onErr func(error))
 }
 
 // Approvals is the approval component of a brain replica. Every time it
@@ -65,18 +67,15 @@ func New(pools Pools, timers Timers, kick func(*registry.Tenant), log *slog.Logg
 	return &Approvals{pools: pools, timers: timers, log: log, kick: kick}
 }
 
-// timerTimeout bounds setting one timer after a commit.
-const timerTimeout = 5 * time.Second
-
-// setExpiry sets the timer of an approval's expiry. A failure is logged, not
-// returned: the commit stands, and the reconciliation pass sets it later.
+// setExpiry sets the timer of an approval's expiry without holding up the
+// caller (a turn answers before its approval's timer is stored). A failure
+// is logged, not returned: the commit stands, and the reconciliation pass
+// sets the timer later.
 func (a *Approvals) setExpiry(ctx context.Context, t *registry.Tenant, approvalID string, at time.Time) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timerTimeout)
-	defer cancel()
-	if err := a.timers.At(ctx, t.NATSAccount, subjects.DueExpiry, approvalID, at); err != nil {
+	a.timers.Go(ctx, t.NATSAccount, subjects.DueExpiry, approvalID, at, func(err error) {
 		a.log.Warn("set an approval's expiry timer; the reconciliation pass sets it later", "tenant_id", t.ID,
 			"approval_id", approvalID, "error", err)
-	}
+	})
 }
 
 // Guard refuses a send_reply that does not carry the hash a human approved

@@ -58,3 +58,16 @@ func (s *Timers) At(ctx context.Context, account, kind, id string, t time.Time) 
 	}
 	return nil
 }
+
+// Go sets the timer like At, without waiting: for a caller on a latency
+// path (a turn's commit), whose timer only needs to be there by its time.
+// A failure goes to onErr; the reconciliation pass sets a lost timer later.
+func (s *Timers) Go(ctx context.Context, account, kind, id string, t time.Time, onErr func(error)) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := s.At(ctx, account, kind, id, t); err != nil && onErr != nil {
+			onErr(err)
+		}
+	}()
+}
