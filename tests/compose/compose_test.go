@@ -8,11 +8,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"net"
 	"net/http"
@@ -412,19 +412,20 @@ func (s *stack) approvalFlow(t *testing.T, f *approvalFlow) {
 	}
 	f.approvalID = f.turn1.Action.ApprovalID
 
-	// The review page: load the approval, post its approve form.
-	basic := map[string]string{"Authorization": "Basic " + basicAuth(s.env["REVIEWER_NAME"], s.env["REVIEWER_PASSWORD"])}
-	page, err := s.do(http.MethodGet, s.edge+"/review/approvals/"+f.approvalID, nil, basic)
+	// The review page: sign in, load the approval, post its approve form
+	// with the fields as the page filled them (approved as proposed).
+	cookie := s.reviewSignIn(t)
+	page, err := s.do(http.MethodGet, s.edge+"/review/approvals/"+f.approvalID, nil, map[string]string{"Cookie": cookie})
 	if err != nil || page.status != http.StatusOK {
 		t.Fatalf("review page: %v %d %s", err, page.status, page.body)
 	}
-	m := regexp.MustCompile(`name="csrf" value="([^"]+)">\s*<input type="hidden" name="decision" value="approve">`).FindSubmatch(page.body)
-	if m == nil {
+	form, ok := approveForm(page.body)
+	if !ok {
 		t.Fatalf("no approve form on the review page:\n%s", page.body)
 	}
-	form := url.Values{"csrf": {string(m[1])}, "decision": {"approve"}}.Encode()
-	post, err := s.do(http.MethodPost, s.edge+"/review/approvals/"+f.approvalID, []byte(form), map[string]string{
-		"Authorization": basic["Authorization"], "Content-Type": "application/x-www-form-urlencoded",
+	form.Set("decision", "approve")
+	post, err := s.do(http.MethodPost, s.edge+"/review/approvals/"+f.approvalID, []byte(form.Encode()), map[string]string{
+		"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded",
 		"Origin": s.edge, "Sec-Fetch-Site": "same-origin",
 	})
 	if err != nil || post.status != http.StatusSeeOther {
@@ -499,10 +500,12 @@ func (s *stack) n8nLoop(t *testing.T) {
 	var r response
 	var err error
 	waitFor(t, 3*time.Minute, "n8n's New email webhook", func() bool {
+		// 404 until the webhook is registered; 503 while n8n's database
+		// connection is not ready yet.
 		r, err = s.do(http.MethodPost, s.n8n+"/webhook/new-email", body, map[string]string{
 			"Content-Type": "application/json", devstack.N8NIntakeHeader: s.env["N8NBRAIN_INTAKE_SECRET"],
 		})
-		return err != nil || r.status != http.StatusNotFound
+		return err != nil || (r.status != http.StatusNotFound && r.status != http.StatusServiceUnavailable)
 	})
 	if err != nil || r.status != http.StatusOK {
 		t.Fatalf("n8n new-email webhook: %v %d %s", err, r.status, r.body)
@@ -737,10 +740,6 @@ func randomHex(t *testing.T, n int) string {
 // randomToken is URL-safe: the Postgres passwords end up in URLs.
 func randomToken(t *testing.T) string { return "ct" + randomHex(t, 16) }
 
-func basicAuth(user, pw string) string {
-	return base64.StdEncoding.EncodeToString([]byte(user + ":" + pw))
-}
-
 func freePort(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -750,4 +749,70 @@ func freePort(t *testing.T) string {
 	defer ln.Close()
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	return port
+}
+
+// reviewSignIn signs the reviewer in on the review page and returns the
+// session cookie to send.
+func (s *stack) reviewSignIn(t *testing.T) string {
+	t.Helper()
+	form := url.Values{"name": {s.env["REVIEWER_NAME"]}, "password": {s.env["REVIEWER_PASSWORD"]}, "next": {"/review"}}
+	r, err := s.do(http.MethodPost, s.edge+"/review/login", []byte(form.Encode()), map[string]string{
+		"Content-Type": "application/x-www-form-urlencoded", "Origin": s.edge, "Sec-Fetch-Site": "same-origin",
+	})
+	if err != nil || r.status != http.StatusSeeOther {
+		t.Fatalf("review sign-in: %v %d %s", err, r.status, r.body)
+	}
+	for _, c := range r.header.Values("Set-Cookie") {
+		return strings.SplitN(c, ";", 2)[0]
+	}
+	t.Fatal("review sign-in set no cookie")
+	return ""
+}
+
+// approveForm reads the approve form of an approval page: its hidden,
+// text and number inputs, text areas and selected options, as a browser
+// would submit them unchanged.
+func approveForm(page []byte) (url.Values, bool) {
+	body := string(page)
+	start := strings.Index(body, `<form id="approve-form"`)
+	if start < 0 {
+		return nil, false
+	}
+	end := strings.Index(body[start:], "</form>")
+	if end < 0 {
+		return nil, false
+	}
+	f := body[start : start+end]
+	v := url.Values{}
+	attr := func(tag, name string) (string, bool) {
+		m := regexp.MustCompile(`\s` + name + `="([^"]*)"`).FindStringSubmatch(tag)
+		if m == nil {
+			return "", false
+		}
+		return html.UnescapeString(m[1]), true
+	}
+	for _, tag := range regexp.MustCompile(`<input [^>]*>`).FindAllString(f, -1) {
+		name, ok := attr(tag, "name")
+		if !ok {
+			continue
+		}
+		typ, _ := attr(tag, "type")
+		if typ == "checkbox" {
+			if strings.Contains(tag, " checked") {
+				v.Set(name, "on")
+			}
+			continue
+		}
+		val, _ := attr(tag, "value")
+		v.Set(name, val)
+	}
+	for _, m := range regexp.MustCompile(`(?s)<textarea [^>]*name="([^"]+)"[^>]*>\n?(.*?)</textarea>`).FindAllStringSubmatch(f, -1) {
+		v.Set(m[1], html.UnescapeString(m[2]))
+	}
+	for _, m := range regexp.MustCompile(`(?s)<select [^>]*name="([^"]+)"[^>]*>(.*?)</select>`).FindAllStringSubmatch(f, -1) {
+		if o := regexp.MustCompile(`<option value="([^"]*)"[^>]*selected`).FindStringSubmatch(m[2]); o != nil {
+			v.Set(m[1], html.UnescapeString(o[1]))
+		}
+	}
+	return v, true
 }
