@@ -12,6 +12,7 @@ import (
 
 	"n8nbrain/brain"
 	"n8nbrain/internal/healthcheck"
+	"n8nbrain/internal/loglevel"
 )
 
 func main() {
@@ -21,14 +22,10 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var level slog.Level // BRAIN_LOG_LEVEL: debug, info (default), warn, error
-	levelErr := level.UnmarshalText([]byte(os.Getenv("BRAIN_LOG_LEVEL")))
-	if os.Getenv("BRAIN_LOG_LEVEL") == "" {
-		levelErr = nil
-	}
+	level, levelErr := loglevel.Parse("BRAIN_LOG_LEVEL", os.Getenv("BRAIN_LOG_LEVEL"))
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if levelErr != nil {
-		log.Error("BRAIN_LOG_LEVEL must be debug, info, warn or error", "value", os.Getenv("BRAIN_LOG_LEVEL"))
+		log.Error("brain config", "error", levelErr)
 		os.Exit(1)
 	}
 	cfg, err := brain.ConfigFromEnv(os.Getenv)

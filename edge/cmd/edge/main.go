@@ -15,6 +15,7 @@ import (
 
 	"n8nbrain/edge"
 	"n8nbrain/internal/healthcheck"
+	"n8nbrain/internal/loglevel"
 )
 
 func main() {
@@ -22,7 +23,12 @@ func main() {
 		cfg, err := edge.ConfigFromEnv(os.Getenv)
 		os.Exit(healthcheck.Main(cfg.Addr, err))
 	}
-	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	level, levelErr := loglevel.Parse("EDGE_LOG_LEVEL", os.Getenv("EDGE_LOG_LEVEL"))
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if levelErr != nil {
+		logger.Error("edge config", "error", levelErr)
+		os.Exit(1)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, logger); err != nil {
