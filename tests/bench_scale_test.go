@@ -89,18 +89,8 @@ func startBrainProcess(b *testing.B, s *system, replica string, extraEnv ...stri
 	return &brainProcess{cmd: cmd, metrics: "http://" + addr}
 }
 
-// cpuTicks is the process's user+system time in clock ticks (/proc).
-func (p *brainProcess) cpu(b *testing.B) time.Duration {
-	b.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ = 100
-}
+// cpu is the process's user+system time.
+func (p *brainProcess) cpu() time.Duration { return procCPU(p.cmd.Process.Pid) }
 
 // rssMiB is the process's resident set (/proc).
 func (p *brainProcess) rssMiB(b *testing.B) float64 {
@@ -239,13 +229,13 @@ func BenchmarkScale(b *testing.B) {
 
 	// A minute of idling.
 	time.Sleep(5 * time.Second) // settle after start
-	cpu0, wall0 := p.cpu(b), time.Now()
+	cpu0, wall0 := p.cpu(), time.Now()
 	peakIdleConns := 0
 	for time.Since(wall0) < time.Minute {
 		peakIdleConns = max(peakIdleConns, brainConns(b, s))
 		time.Sleep(time.Second)
 	}
-	idleCPU := float64(p.cpu(b)-cpu0) / float64(time.Since(wall0)) * 100
+	idleCPU := float64(p.cpu()-cpu0) / float64(time.Since(wall0)) * 100
 	idleRSS := p.rssMiB(b)
 	b.Logf("idle for a minute: %.2f%% of a core, RSS %.0f MiB, at most %d tenant connections", idleCPU, idleRSS, peakIdleConns)
 
@@ -270,12 +260,12 @@ func BenchmarkScale(b *testing.B) {
 		}
 	})
 	total := envInt("BENCH_SCALE_TURNS", 20_000)
-	cpu0 = p.cpu(b)
+	cpu0 = p.cpu()
 	lat, tps := natsLoad(b, conns, 16, total, func(r *rand.Rand) int {
 		z := rand.NewZipf(r, 1.1, 1, uint64(n-1))
 		return int(z.Uint64())
 	})
-	loadCPU := p.cpu(b) - cpu0
+	loadCPU := p.cpu() - cpu0
 	close(stop)
 	sampler.Wait()
 	loadRSS := p.rssMiB(b)
