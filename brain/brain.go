@@ -97,9 +97,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		m = stage
 	}
 	eng := engine.New(m)
-	timers := timer.New(js)
+	timers := timer.NewNext(timer.New(js))
 	fwd := outbox.New(outbox.Config{RetryBase: cfg.EventRetryBase, RetryMax: cfg.EventRetryMax}, dir, timers, nc, log)
-	approvals := approval.New(dir, timers, fwd.Kick, log)
+	approvals := approval.New(dir, timers, fwd, log)
 	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks(cfg.Hooks), log)
 	sched := fair.New[queued](cfg.TenantWorkers)
 	b := &brain{cfg: cfg, log: log, nc: nc, natsWatch: watch, js: js, dir: dir, proc: proc, approvals: approvals, outbox: fwd,
@@ -234,9 +234,8 @@ func modelStage(ctx context.Context, cfg ModelConfig, log *slog.Logger) (*model.
 
 // reconcile is the timers' safety net: every cfg.ReconcileInterval it
 // visits every tenant once, spread evenly over the interval (never a burst
-// of pools): it sweeps expired approvals, sets every pending approval's
-// expiry timer again and forwards undelivered events, which sets the
-// outbox timer. It repairs the timers a replica that died between a commit
+// of pools): it sweeps expired approvals, which sets the expiry timer, and
+// forwards undelivered events, which sets the outbox timer. It repairs the timers a replica that died between a commit
 // and its wake-up left unset; in normal work the timers do everything.
 func (b *brain) reconcile(ctx context.Context) {
 	for {
@@ -251,7 +250,7 @@ func (b *brain) reconcile(ctx context.Context) {
 			if t.Status != registry.TenantStatusActive {
 				continue
 			}
-			if err := b.approvals.Reconcile(ctx, t); err != nil && ctx.Err() == nil {
+			if _, err := b.approvals.Expire(ctx, t); err != nil && ctx.Err() == nil {
 				b.log.Warn("reconcile approvals", "tenant_id", t.ID, "error", err)
 			}
 			if err := b.outbox.Forward(ctx, t); err != nil && ctx.Err() == nil {

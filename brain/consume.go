@@ -28,7 +28,7 @@ import (
 //	                              approval.list, approval.get, approval.decide, event.ack,
 //	                              report.outcomes, tenant.limits
 //	brain.due.<account>.<kind>.<id>  SCHEDULES in STREAMS, consumer "brain": a timer fired
-//	                              (expiry.<approval id>, outbox.next)                  → handleDue
+//	                              (expiry.next, outbox.next; one of each per tenant)   → handleDue
 //
 // and every subject it publishes:
 //
@@ -254,7 +254,7 @@ func (b *brain) consumeDue(ctx context.Context) {
 const dueWorkers = 4
 
 func (b *brain) handleDue(ctx context.Context, m jetstream.Msg) {
-	account, kind, id, err := subjects.ParseDue(m.Subject())
+	account, kind, _, err := subjects.ParseDue(m.Subject())
 	if err != nil {
 		b.log.Error("timer on a malformed subject; dropped", "error", err)
 		_ = m.Term()
@@ -272,7 +272,7 @@ func (b *brain) handleDue(ctx context.Context, m jetstream.Msg) {
 	switch kind {
 	case subjects.DueExpiry:
 		var n int
-		if n, err = b.approvals.Expire(ctx, t, id); n > 0 {
+		if n, err = b.approvals.Expire(ctx, t); n > 0 {
 			log.Info("approvals expired and re-queued for a human", "count", n)
 		}
 	case subjects.DueOutbox:

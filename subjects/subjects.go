@@ -61,11 +61,12 @@ func ResultsStream(account string) string { return resultsStreamPrefix + account
 // the brain and provisioning reach it; no tenant imports it.
 const SchedulesStream = "SCHEDULES"
 
-// Schedule kinds: what becomes due.
+// Schedule kinds: what becomes due. A tenant has one timer of each kind,
+// id "next" (timers of older brains, id an approval id, are handled alike).
 const (
-	// DueExpiry: an approval's expiry (id: the approval id).
+	// DueExpiry: the earliest expiry of the tenant's pending approvals.
 	DueExpiry = "expiry"
-	// DueOutbox: a tenant's next undelivered event (id: "next").
+	// DueOutbox: the tenant's next undelivered event's attempt.
 	DueOutbox = "outbox"
 )
 

@@ -20,6 +20,7 @@ import (
 	"n8nbrain/deploy/devstack"
 	"n8nbrain/edge"
 	"n8nbrain/registry"
+	"n8nbrain/subjects"
 	"n8nbrain/wire"
 )
 
@@ -94,6 +95,54 @@ func TestTimersRedeliverEvents(t *testing.T) {
 	hook.accepted(wire.EventApprovalDecided, id)
 	eventually(t, 10*time.Second, "the event to be marked delivered", func() bool {
 		return count(t, s.tenantDB(a), `SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL AND kind = 'approval_decided'`) == 1
+	})
+}
+
+// A burst of approvals sets its tenant's expiry and outbox timers a few
+// times, not once per approval: each tenant has one timer of each kind, and
+// a replica that set it for an earlier time leaves it. The events still
+// reach n8n at once, published straight after each turn's commit.
+func TestTimersSetOncePerBurst(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("timer-burst"))
+	hook := newWebhook(t)
+	s.startBrain("r1", noSafetyNet)
+	ea := s.startEdge(a, withWebhook(hook))
+	st, err := s.stack.Streams.JS.Stream(context.Background(), subjects.SchedulesStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := info.State.LastSeq
+	const n = 30
+	for i := range n {
+		id := fmt.Sprintf("<burst-%d@customer.example>", i)
+		if r := ea.submit(quoteEmail(id)).reply(t); r.Action == nil || r.Action.ApprovalID == "" {
+			t.Fatalf("turn %d: no approval: %+v", i, r)
+		}
+		hook.accepted(wire.EventApprovalRequested, id)
+	}
+	info, err = st.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every schedule stored is a publish into SCHEDULES (a replacement
+	// too): per approval there would be two, 60 in all.
+	published := info.State.LastSeq - before
+	t.Logf("%d approvals set their tenant's timers %d times", n, published)
+	if published > 8 {
+		t.Fatalf("%d approvals published %d timers: timers are set per approval, not per tenant", n, published)
+	}
+	if published == 0 {
+		t.Fatal("no timer was set at all")
+	}
+	db := s.tenantDB(a)
+	eventually(t, 10*time.Second, "every event marked delivered", func() bool {
+		return count(t, db, `SELECT count(*) FROM outbox WHERE kind = 'approval_requested' AND delivered_at IS NOT NULL`) == n
 	})
 }
 

@@ -42,11 +42,21 @@ type Pools interface {
 	Check(t *registry.Tenant, err error) error
 }
 
-// Timers sets a tenant's timers (timer.Timers): At waits for the timer to
-// be stored, Go does not.
+// Timers keeps a tenant's one expiry timer (timer.Next): it fires at the
+// earliest expiry of the tenant's pending approvals.
 type Timers interface {
-	At(ctx context.Context, account, kind, id string, t time.Time) error
-	Go(ctx context.Context, account, kind, id string, t time.Time, onErr func(error))
+	Ensure(ctx context.Context, account, kind string, t time.Time, onErr func(error))
+	Set(ctx context.Context, account, kind string, t time.Time) error
+	Clear(account, kind string)
+}
+
+// Events writes and forwards events (outbox.Forwarder).
+type Events interface {
+	// Stage writes an event in a turn's transaction and publishes it
+	// once the transaction commits.
+	Stage(w *store.TurnWrite, t *registry.Tenant, ev wire.Event)
+	// Kick forwards a tenant's events written by other transactions.
+	Kick(t *registry.Tenant)
 }
 
 // Approvals is the approval component of a brain replica. Every time it
@@ -55,26 +65,23 @@ type Timers interface {
 type Approvals struct {
 	pools  Pools
 	timers Timers
+	events Events
 	log    *slog.Logger
-	// kick wakes the outbox forwarder for a tenant after events were written.
-	kick func(t *registry.Tenant)
 }
 
-// New returns the approval component. kick is called after events are
-// written so they are forwarded at once; timers bring each approval back
-// when it expires.
-func New(pools Pools, timers Timers, kick func(*registry.Tenant), log *slog.Logger) *Approvals {
-	return &Approvals{pools: pools, timers: timers, log: log, kick: kick}
+// New returns the approval component: events forwards the events it
+// writes, and timers bring a tenant's approvals back when they expire.
+func New(pools Pools, timers Timers, events Events, log *slog.Logger) *Approvals {
+	return &Approvals{pools: pools, timers: timers, events: events, log: log}
 }
 
-// setExpiry sets the timer of an approval's expiry without holding up the
-// caller (a turn answers before its approval's timer is stored). A failure
-// is logged, not returned: the commit stands, and the reconciliation pass
-// sets the timer later.
-func (a *Approvals) setExpiry(ctx context.Context, t *registry.Tenant, approvalID string, at time.Time) {
-	a.timers.Go(ctx, t.NATSAccount, subjects.DueExpiry, approvalID, at, func(err error) {
-		a.log.Warn("set an approval's expiry timer; the reconciliation pass sets it later", "tenant_id", t.ID,
-			"approval_id", approvalID, "error", err)
+// ensureExpiry makes t's expiry timer fire by an approval's expiry, without
+// holding up the caller (a turn answers before its timer is stored). A
+// failure is logged, not returned: the commit stands, and the
+// reconciliation pass sets the timer later.
+func (a *Approvals) ensureExpiry(ctx context.Context, t *registry.Tenant, at time.Time) {
+	a.timers.Ensure(ctx, t.NATSAccount, subjects.DueExpiry, at, func(err error) {
+		a.log.Warn("set the approvals' expiry timer; the reconciliation pass sets it later", "tenant_id", t.ID, "error", err)
 	})
 }
 
@@ -138,24 +145,22 @@ func (a *Approvals) Extend(_ context.Context, t *registry.Tenant, w *store.TurnW
 		}
 		// The record and the event that tells n8n to notify reviewers are
 		// one transaction: a draft nobody hears about cannot exist.
-		w.Extra = append(w.Extra, store.ApprovalInsert(rec, t.ApprovalTTL),
-			store.OutboxInsert(wire.Event{EventID: uuid.NewString(), Kind: wire.EventApprovalRequested,
-				WorkItemID: it.ID, NextTurn: it.Turn + 1, ApprovalID: rec.ID, Action: rec.Action, OccurredAt: time.Now().UTC()}))
-		w.OnCommit(func(context.Context) { a.kick(t) })
+		w.Extra = append(w.Extra, store.ApprovalInsert(rec, t.ApprovalTTL))
+		a.events.Stage(w, t, wire.Event{EventID: uuid.NewString(), Kind: wire.EventApprovalRequested,
+			WorkItemID: it.ID, NextTurn: it.Turn + 1, ApprovalID: rec.ID, Action: rec.Action, OccurredAt: time.Now().UTC()})
 		reply.Action.ApprovalID = rec.ID
 		// The database sets expires_at by its clock; a timer a little late
 		// is harmless, and one early finds the approval not yet due and is
 		// set again (Expire).
 		expires := time.Now().Add(t.ApprovalTTL)
-		w.OnCommit(func(ctx context.Context) { a.setExpiry(ctx, t, rec.ID, expires) })
+		w.OnCommit(func(ctx context.Context) { a.ensureExpiry(ctx, t, expires) })
 	}
 	switch out.Status {
 	case wire.WorkItemStatusClosedManual:
 		w.Extra = append(w.Extra, store.ApprovalSupersede(it.ID))
 	case wire.WorkItemStatusHalted:
-		w.Extra = append(w.Extra, store.OutboxInsert(wire.Event{EventID: uuid.NewString(), Kind: wire.EventItemHalted,
-			WorkItemID: it.ID, NextTurn: it.Turn + 1, Reason: out.Reason, OccurredAt: time.Now().UTC()}))
-		w.OnCommit(func(context.Context) { a.kick(t) })
+		a.events.Stage(w, t, wire.Event{EventID: uuid.NewString(), Kind: wire.EventItemHalted,
+			WorkItemID: it.ID, NextTurn: it.Turn + 1, Reason: out.Reason, OccurredAt: time.Now().UTC()})
 	}
 	return nil
 }
@@ -343,7 +348,7 @@ func (a *Approvals) Decide(ctx context.Context, t *registry.Tenant, req *wire.Ap
 		return nil, notFound(err)
 	}
 	a.log.Info("approval decided", "tenant_id", t.ID, "approval_id", rec.ID, "status", rec.Status, "event_id", ev.EventID)
-	a.kick(t)
+	a.events.Kick(t)
 	withRecipient(&rec)
 	return &wire.ApprovalDecideReply{Approval: rec, EventID: ev.EventID}, nil
 }
@@ -400,15 +405,17 @@ func (a *Approvals) Sweep(ctx context.Context, t *registry.Tenant) (int, error) 
 		}
 	}
 	if total > 0 {
-		a.kick(t)
+		a.events.Kick(t)
 	}
 	return total, nil
 }
 
-// Expire handles an approval's expiry timer: it sweeps t, and sets the timer
-// again when the approval is still pending and not yet due by the database's
-// clock (a timer that fired early).
-func (a *Approvals) Expire(ctx context.Context, t *registry.Tenant, approvalID string) (int, error) {
+// Expire handles t's expiry timer, and is the reconciliation pass's repair
+// of it (a replica may have died between a commit and its timer): it sweeps t, then sets the timer to the
+// earliest expiry still pending (by the database's clock: a timer that
+// fired early finds its approval not yet due and comes back), or leaves it
+// unset when nothing is pending.
+func (a *Approvals) Expire(ctx context.Context, t *registry.Tenant) (int, error) {
 	n, err := a.Sweep(ctx, t)
 	if err != nil || t.Status != registry.TenantStatusActive {
 		return n, err
@@ -417,44 +424,15 @@ func (a *Approvals) Expire(ctx context.Context, t *registry.Tenant, approvalID s
 	if err != nil {
 		return n, err
 	}
-	ap, err := store.ApprovalGet(ctx, pool, approvalID)
-	if errors.Is(err, store.ErrNotFound) {
+	next, ok, err := store.ApprovalNextExpiry(ctx, pool)
+	if err != nil {
+		return n, a.pools.Check(t, err)
+	}
+	if !ok {
+		a.timers.Clear(t.NATSAccount, subjects.DueExpiry)
 		return n, nil
 	}
-	if err != nil {
-		return n, err
-	}
-	if ap.Status == wire.ApprovalStatusPending {
-		a.setExpiry(ctx, t, ap.ID, ap.ExpiresAt)
-	}
-	return n, nil
-}
-
-// reconcileBatch bounds the approvals whose timers one reconciliation sets.
-const reconcileBatch = 1000
-
-// Reconcile is the safety net of the timers for one tenant: it sweeps what
-// is due and sets the timer of every pending approval again (a replica may
-// have died between a commit and its timer). Setting a timer twice is
-// harmless: the second replaces the first.
-func (a *Approvals) Reconcile(ctx context.Context, t *registry.Tenant) error {
-	if _, err := a.Sweep(ctx, t); err != nil || t.Status != registry.TenantStatusActive {
-		return err
-	}
-	pool, err := a.pools.Pool(ctx, t)
-	if err != nil {
-		return err
-	}
-	pending, err := store.ApprovalPendingExpiries(ctx, pool, reconcileBatch)
-	if err != nil {
-		return err
-	}
-	for id, at := range pending {
-		if err := a.timers.At(ctx, t.NATSAccount, subjects.DueExpiry, id, at); err != nil {
-			return fmt.Errorf("tenant %s: %w", t.ID, err)
-		}
-	}
-	return nil
+	return n, a.timers.Set(ctx, t.NATSAccount, subjects.DueExpiry, next)
 }
 
 func notFound(err error) error {

@@ -1,14 +1,17 @@
 // Package outbox forwards the events written in tenant databases to the
 // tenants over NATS, until the edge reports n8n accepted them.
 //
-// A tenant's events are forwarded when something wakes the forwarder for
-// that tenant, never by polling every tenant: the commit that wrote them
-// (Kick, in this replica), or its timer (package timer) when an event no
-// edge acknowledged is due again, on whichever replica takes it. After each
-// pass the forwarder sets the tenant's timer to its next undelivered
-// event's attempt, so a tenant with nothing to deliver has no timer at all.
-// The brain's slow reconciliation pass wakes every tenant now and then, in
-// case a replica died between a commit and its wake-up.
+// A turn's events (Stage) are written already sent once and published by
+// the replica that committed them, straight after the commit: no extra
+// round trip to the database on the turn's path. Other events are forwarded
+// when something wakes the forwarder for their tenant, never by polling
+// every tenant: the commit that wrote them (Kick, in this replica), or the
+// tenant's outbox timer (package timer) when an event no edge acknowledged
+// is due again, on whichever replica takes it. After each pass the
+// forwarder sets the tenant's timer to its next undelivered event's
+// attempt, so a tenant with nothing to deliver has no timer at all. The
+// brain's slow reconciliation pass wakes every tenant now and then, in case
+// a replica died between a commit and its wake-up.
 //
 // Why not watermill's forwarder: watermill-sql keeps its own message and
 // offset tables (created by DDL at run time, or coupled to its schema in our
@@ -34,6 +37,7 @@ import (
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
+	"n8nbrain/wire"
 )
 
 // Config of the forwarder. The zero value of a field means its default.
@@ -62,13 +66,12 @@ type Pools interface {
 	Check(t *registry.Tenant, err error) error
 }
 
-// Timers sets a tenant's timers (timer.Timers).
+// Timers keeps a tenant's one outbox timer (timer.Next).
 type Timers interface {
-	At(ctx context.Context, account, kind, id string, t time.Time) error
+	Ensure(ctx context.Context, account, kind string, t time.Time, onErr func(error))
+	Set(ctx context.Context, account, kind string, t time.Time) error
+	Clear(account, kind string)
 }
-
-// timerID is the id of a tenant's one outbox timer.
-const timerID = "next"
 
 // Forwarder publishes due events.
 type Forwarder struct {
@@ -99,6 +102,26 @@ func (f *Forwarder) Kick(t *registry.Tenant) {
 	case f.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Stage writes ev in a turn's transaction and publishes it once the
+// transaction commits, with the tenant's outbox timer set to bring it back
+// if no edge acknowledges it within RetryBase. The event is on its way the
+// moment the turn is decided, for the cost of one statement in the turn's
+// batch.
+func (f *Forwarder) Stage(w *store.TurnWrite, t *registry.Tenant, ev wire.Event) {
+	payload := store.EventPayload(ev)
+	w.Extra = append(w.Extra, store.OutboxInsertSent(ev, payload, f.cfg.RetryBase))
+	w.OnCommit(func(ctx context.Context) {
+		// Core publish: the edge receives it live through the event
+		// export; if none listens, the timer brings it back.
+		if err := f.nc.Publish(subjects.Event(t.NATSAccount, ev.EventID), payload); err != nil {
+			f.log.Warn("publish event; its timer publishes it again", "tenant_id", t.ID, "event_id", ev.EventID, "error", err)
+		}
+		f.timers.Ensure(ctx, t.NATSAccount, subjects.DueOutbox, time.Now().Add(f.cfg.RetryBase), func(err error) {
+			f.log.Warn("set the outbox timer; the reconciliation pass sets it later", "tenant_id", t.ID, "error", err)
+		})
+	})
 }
 
 // Run forwards the kicked tenants' events until ctx is done.
@@ -160,8 +183,12 @@ func (f *Forwarder) forward(ctx context.Context, t *registry.Tenant) error {
 		}
 	}
 	next, ok, err := store.OutboxNextAttempt(ctx, pool)
-	if err != nil || !ok {
+	if err != nil {
 		return err
 	}
-	return f.timers.At(ctx, t.NATSAccount, subjects.DueOutbox, timerID, next)
+	if !ok {
+		f.timers.Clear(t.NATSAccount, subjects.DueOutbox)
+		return nil
+	}
+	return f.timers.Set(ctx, t.NATSAccount, subjects.DueOutbox, next)
 }

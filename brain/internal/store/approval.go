@@ -293,14 +293,29 @@ func ApprovalSweep(ctx context.Context, q DBTX, limit int) (int, error) {
 }
 
 // OutboxInsert is the statement that writes an event in the transaction of
-// the change it announces.
+// the change it announces; the forwarder publishes it once woken.
 func OutboxInsert(ev wire.Event) Statement {
+	return Statement{SQL: `INSERT INTO outbox (id, kind, work_item_id, payload) VALUES ($1, $2, $3, $4)`,
+		Args: []any{ev.EventID, string(ev.Kind), ev.WorkItemID, EventPayload(ev)}}
+}
+
+// OutboxInsertSent writes an event that its writer publishes itself, with
+// these payload bytes, as soon as the transaction commits: that publish is
+// its first attempt, so the forwarder's first is due retry later, unless an
+// edge acknowledged it by then.
+func OutboxInsertSent(ev wire.Event, payload []byte, retry time.Duration) Statement {
+	return Statement{SQL: `INSERT INTO outbox (id, kind, work_item_id, payload, attempts, published_at, next_attempt_at)
+			VALUES ($1, $2, $3, $4, 1, now(), now() + make_interval(secs => $5))`,
+		Args: []any{ev.EventID, string(ev.Kind), ev.WorkItemID, payload, retry.Seconds()}}
+}
+
+// EventPayload is an event as the outbox stores and publishes it.
+func EventPayload(ev wire.Event) []byte {
 	payload, err := json.Marshal(ev)
 	if err != nil {
 		panic(err) // a wire.Event always encodes
 	}
-	return Statement{SQL: `INSERT INTO outbox (id, kind, work_item_id, payload) VALUES ($1, $2, $3, $4)`,
-		Args: []any{ev.EventID, string(ev.Kind), ev.WorkItemID, payload}}
+	return payload
 }
 
 // OutboxEvent is an event to forward.
@@ -340,18 +355,17 @@ func OutboxNextAttempt(ctx context.Context, q DBTX) (next time.Time, ok bool, er
 	return *t, true, nil
 }
 
-// ApprovalPendingExpiries lists the pending approvals and their expiries,
-// soonest first, at most limit (the reconciliation pass sets their timers).
-func ApprovalPendingExpiries(ctx context.Context, q DBTX, limit int) (map[string]time.Time, error) {
-	rows, _ := q.Query(ctx, `SELECT id::text, expires_at FROM approvals WHERE status = 'pending' ORDER BY expires_at LIMIT $1`, limit)
-	out := map[string]time.Time{}
-	var id string
-	var at time.Time
-	_, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error {
-		out[id] = at
-		return nil
-	})
-	return out, translate(err, "list pending expiries")
+// ApprovalNextExpiry is the earliest expiry of a pending approval; ok is
+// false when none is pending.
+func ApprovalNextExpiry(ctx context.Context, q DBTX) (next time.Time, ok bool, err error) {
+	var t *time.Time
+	if err := q.QueryRow(ctx, `SELECT min(expires_at) FROM approvals WHERE status = 'pending'`).Scan(&t); err != nil {
+		return time.Time{}, false, translate(err, "next approval expiry")
+	}
+	if t == nil {
+		return time.Time{}, false, nil
+	}
+	return *t, true, nil
 }
 
 // OutboxMarkDelivered records that n8n accepted an event. It reports

@@ -10,6 +10,7 @@ package timer
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -70,4 +71,92 @@ func (s *Timers) Go(ctx context.Context, account, kind, id string, t time.Time, 
 			onErr(err)
 		}
 	}()
+}
+
+// Next keeps one timer per tenant and kind (id "next"): the earliest time
+// the tenant has work of that kind due. A burst of work (an approval and an
+// event per turn) sets it once, not once per item: Ensure publishes only
+// when this replica does not know of a timer already set no later than the
+// new work's time. Whoever handles the timer when it fires does the due work
+// and sets it again to the next due time (Set), or leaves it unset when
+// nothing is pending (Clear).
+//
+// What a replica knows is only what it set itself. A timer that another
+// replica replaced with a later time delays this replica's work by at most
+// the difference (work is due within a bounded time of being written), and
+// the brain's reconciliation pass sets every tenant's timers again in case
+// anything was missed. A timer known to be due already is never relied on:
+// its handler may have read the pending work before this work was written.
+type Next struct {
+	timers *Timers
+	mu     sync.Mutex
+	at     map[nextKey]time.Time
+}
+
+type nextKey struct{ account, kind string }
+
+// NextID is the id of a tenant's one timer of a kind.
+const NextID = "next"
+
+// NewNext returns per-tenant timers set through timers.
+func NewNext(timers *Timers) *Next { return &Next{timers: timers, at: map[nextKey]time.Time{}} }
+
+// Ensure makes the (account, kind) timer fire no later than about t, without
+// waiting for the timer to be stored; a failure goes to onErr (and the next
+// Ensure tries again).
+func (n *Next) Ensure(ctx context.Context, account, kind string, t time.Time, onErr func(error)) {
+	k := nextKey{account, kind}
+	now := n.timers.NowFunc()
+	n.mu.Lock()
+	if set, ok := n.at[k]; ok && set.After(now) && !set.After(t.Add(time.Second)) {
+		n.mu.Unlock()
+		return
+	}
+	n.at[k] = t
+	n.mu.Unlock()
+	n.timers.Go(ctx, account, kind, NextID, t, func(err error) {
+		n.mu.Lock()
+		if n.at[k].Equal(t) {
+			delete(n.at, k)
+		}
+		n.mu.Unlock()
+		if onErr != nil {
+			onErr(err)
+		}
+	})
+}
+
+// Set sets the (account, kind) timer to t and waits until it is stored.
+func (n *Next) Set(ctx context.Context, account, kind string, t time.Time) error {
+	k := nextKey{account, kind}
+	n.mu.Lock()
+	n.at[k] = t
+	n.mu.Unlock()
+	if err := n.timers.At(ctx, account, kind, NextID, t); err != nil {
+		n.mu.Lock()
+		delete(n.at, k)
+		n.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// Clear forgets the (account, kind) timer: nothing of that kind is pending
+// (a timer that fires later finds nothing to do).
+func (n *Next) Clear(account, kind string) {
+	n.mu.Lock()
+	delete(n.at, nextKey{account, kind})
+	n.mu.Unlock()
+}
+
+// Forget drops what this replica knows of a tenant's timers (the tenant
+// left the registry).
+func (n *Next) Forget(account string) {
+	n.mu.Lock()
+	for k := range n.at {
+		if k.account == account {
+			delete(n.at, k)
+		}
+	}
+	n.mu.Unlock()
 }
