@@ -141,9 +141,13 @@ func (p *Processor) Process(ctx context.Context, t *registry.Tenant, m Message) 
 	if err != nil {
 		return p.failed(ans, t, err)
 	}
-	// Two attempts: a commit that loses a race re-reads and usually replays.
-	for attempt := 0; attempt < 2; attempt++ {
-		got, err := p.attempt(ctx, pool, t, req, m, ans)
+	// Turn 1 is nearly always a new item, so its first attempt does not
+	// read the item first: it decides and commits in one round trip, and
+	// an item that existed makes the commit fail as a lost race would
+	// (store.TurnCommit), with nothing written. Then, as after a lost race,
+	// the next attempt reads the item, and usually replays.
+	for attempt := 0; attempt < 3; attempt++ {
+		got, err := p.attempt(ctx, pool, t, req, m, ans, attempt == 0 && req.Turn == 1)
 		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
@@ -152,7 +156,7 @@ func (p *Processor) Process(ctx context.Context, t *registry.Tenant, m Message) 
 		}
 		return got, nil
 	}
-	return Answer{}, fmt.Errorf("turn %d of a work item: lost the commit race twice", req.Turn)
+	return Answer{}, fmt.Errorf("turn %d of a work item: lost the commit race every time", req.Turn)
 }
 
 // failed returns a transient error to retry, except a tenant database that
@@ -168,8 +172,13 @@ func (p *Processor) failed(ans Answer, t *registry.Tenant, err error) (Answer, e
 	return Answer{}, err
 }
 
-func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry.Tenant, req *wire.TurnSubmitRequest, m Message, ans Answer) (Answer, error) {
-	item, err := store.WorkItemGet(ctx, pool, req.WorkItemID)
+// attempt decides the turn once; assumeNew skips reading the item (turn 1).
+func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry.Tenant, req *wire.TurnSubmitRequest, m Message, ans Answer, assumeNew bool) (Answer, error) {
+	var item store.WorkItem
+	err := store.ErrNotFound
+	if !assumeNew {
+		item, err = store.WorkItemGet(ctx, pool, req.WorkItemID)
+	}
 	isNew := errors.Is(err, store.ErrNotFound)
 	if err != nil && !isNew {
 		return Answer{}, err
