@@ -784,7 +784,9 @@ func TestModelDownDegradesAndRecovers(t *testing.T) {
 		return ollamafake.Reply{Status: http.StatusInternalServerError, Error: "llama runner process has terminated"}
 	})
 	_, ops := s.startModelBrain("r1", fake, func(c *brain.Config) {
-		c.Model.Timeout = 300 * time.Millisecond
+		// Long enough that a loaded machine still sees the fake's 500
+		// before it (an error, not a timeout); the hang below waits it out.
+		c.Model.Timeout = time.Second
 		c.Model.BreakerMinCalls = 4
 		c.Model.BreakerWindow = time.Minute
 		c.Model.BreakerCoolDown = 3 * time.Second // long enough that a loaded machine checks "open" before it ends
