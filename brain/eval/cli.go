@@ -150,6 +150,9 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(ExitUsage, err)
 	}
+	if err := runner.Ping(ctx); err != nil {
+		return fail(ExitFailed, fmt.Errorf("%w (-ollama %s)", err, *ollama))
+	}
 	created := time.Now()
 	results, wall, err := runner.Run(ctx, set.Items)
 	if err != nil {

@@ -91,6 +91,17 @@ func TestCommandRunAndCompare(t *testing.T) {
 		t.Fatalf("compare across sets: exit %d\n%s", code, out)
 	}
 
+	// A model server that does not answer is said before anything runs.
+	down := ollamafake.New(t, nil)
+	down.Close()
+	if code, _, errs := main("-set", setFile, "-config", "testdata/client-zero.json", "-ollama", down.URL(), "-out", filepath.Join(dir, "c")); code != eval.ExitFailed ||
+		!strings.Contains(errs, "the model server does not answer") {
+		t.Errorf("run against a server that is down: exit %d, %s", code, errs)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "c.json")); !os.IsNotExist(err) {
+		t.Errorf("a report was written for a run that did not happen: %v", err)
+	}
+
 	// Mistakes in the command line say what is wrong.
 	for _, tc := range []struct {
 		args []string

@@ -64,7 +64,7 @@ const (
 )
 
 func newHeatmap(id, title string, m Matrix) heatmap {
-	h := heatmap{ID: id, Title: title, Width: hmLeft + len(m.Columns)*hmCell + 10, Height: hmTop + len(m.Labels)*hmCell + 10}
+	h := heatmap{ID: id, Title: title, Width: hmLeft + len(m.Columns)*hmCell + 80, Height: hmTop + len(m.Labels)*hmCell + 10}
 	peak := 1
 	for _, r := range m.Counts {
 		for _, n := range r {
@@ -93,7 +93,7 @@ func newHeatmap(id, title string, m Matrix) heatmap {
 type histogram struct {
 	ID, Title, Unit string
 	Bins            []hbin
-	Max             float64
+	Min, Max        float64
 	Width, Height   int
 }
 
@@ -131,7 +131,7 @@ func newHistogram(id, title, unit string, xs []float64) histogram {
 		h.Bins = append(h.Bins, hbin{X: 10 + i*bw, Y: 10 + hgt - bh, W: bw - 2, H: bh, Count: c,
 			Label: fmt.Sprintf("%.0f–%.0f %s: %d", lo+float64(i)*step, lo+float64(i+1)*step, unit, c)})
 	}
-	h.Max = hi
+	h.Min, h.Max = lo, hi
 	return h
 }
 
@@ -261,7 +261,7 @@ Drafts checked: {{.DraftsChecked}}; required facts present {{.FactsPresent}} of 
 <svg id="{{.ID}}" role="img" aria-label="{{.Title}}" width="{{.Width}}" height="{{.Height}}" viewBox="0 0 {{.Width}} {{.Height}}" xmlns="http://www.w3.org/2000/svg">
 {{range .Bins}}<rect class="hist" x="{{.X}}" y="{{.Y}}" width="{{.W}}" height="{{.H}}"><title>{{.Label}}</title></rect>
 {{end}}<line x1="10" y1="150" x2="490" y2="150" stroke="#333"></line>
-<text x="10" y="168">0</text><text x="490" y="168" text-anchor="end">{{f0 .Max}} {{.Unit}}</text>
+<text x="10" y="168">{{f0 .Min}}</text><text x="490" y="168" text-anchor="end">{{f0 .Max}} {{.Unit}}</text>
 </svg>
 {{end}}
 

@@ -134,6 +134,7 @@ type Runner struct {
 	cfg    Config
 	tenant *registry.Tenant
 	engine *engine.Engine
+	model  *model.Client
 	judge  *judge
 }
 
@@ -168,13 +169,28 @@ func NewRunner(cfg Config) (*Runner, error) {
 		return nil, fmt.Errorf("eval: %w", err)
 	}
 	stage := capture.New(mc, capture.Config{DefaultModel: t.ModelName}, cfg.Log)
-	r := &Runner{cfg: cfg, tenant: &t, engine: engine.New(stage)}
+	r := &Runner{cfg: cfg, tenant: &t, engine: engine.New(stage), model: mc}
 	if cfg.Judge != nil {
 		if r.judge, err = newJudge(*cfg.Judge, cfg.Concurrency, cfg.Log); err != nil {
 			return nil, err
 		}
 	}
 	return r, nil
+}
+
+// Ping checks that the model servers answer (the model's, and the
+// judge's when there is one) before a run that would otherwise escalate
+// every e-mail as model_unavailable.
+func (r *Runner) Ping(ctx context.Context) error {
+	if _, err := r.model.Ping(ctx); err != nil {
+		return fmt.Errorf("the model server does not answer: %w", err)
+	}
+	if r.judge != nil {
+		if _, err := r.judge.mc.Ping(ctx); err != nil {
+			return fmt.Errorf("the judge's model server does not answer: %w", err)
+		}
+	}
+	return nil
 }
 
 // Tenant is the configuration the runner decides with (model name set).
