@@ -36,7 +36,7 @@ verify: lint
 
 ## build: the binaries into bin/
 build:
-	$(GO) build -o bin/ ./brain/cmd/brain ./edge/cmd/edge ./deploy/cmd/devstack
+	$(GO) build -o bin/ ./brain/cmd/brain ./brain/cmd/brain-eval ./edge/cmd/edge ./deploy/cmd/devstack
 
 ## bench: the turn benchmarks and the LangGraph baseline of BENCHMARKS.md, with a summary of ratios (not part of test/CI)
 bench:

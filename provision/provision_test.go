@@ -353,7 +353,7 @@ func TestRegistryHoldsThePasswordSealed(t *testing.T) {
 	if _, err := ops.Sealer.Open("tenant-b", sealed); !errors.Is(err, registry.ErrUnseal) {
 		t.Fatalf("open with another tenant id: %v, want ErrUnseal", err)
 	}
-	// Autonomy defaults to assist, the only level so far.
+	// Autonomy defaults to assist.
 	if row.Autonomy != registry.AutonomyAssist {
 		t.Fatalf("autonomy %q, want assist", row.Autonomy)
 	}
@@ -430,7 +430,10 @@ func TestCreateTenantRejectsInvalidSpecAndCreatesNothing(t *testing.T) {
 		}, `tenant id "Client_Zero" must match`},
 		{"BadAutonomy", func(s *provision.TenantSpec) {
 			s.Autonomy = "autopilot"
-		}, `autonomy "autopilot" of tenant client-zero must be one of: assist`},
+		}, `autonomy "autopilot" of tenant client-zero must be one of: assist, auto`},
+		{"AutoAtCreation", func(s *provision.TenantSpec) {
+			s.Autonomy = registry.AutonomyAuto
+		}, `tenant client-zero starts at autonomy assist: raise it to auto with SetAutonomy`},
 		{"ReservedCategory", func(s *provision.TenantSpec) {
 			s.Categories = []string{"quote_request", "invoice", "unclassified"}
 		}, `category "unclassified" of tenant client-zero is reserved`},

@@ -94,6 +94,12 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 	if q := s.Quota; q.MaxInflight < 1 || q.MaxInflight > 1024 {
 		bad("max in-flight turns %d of tenant %s must be between 1 and 1024", q.MaxInflight, s.ID)
 	}
+	if s.Autonomy.Valid() && s.Autonomy != registry.AutonomyAssist {
+		// Autonomy beyond assist rests on an eval report of the tenant's
+		// configuration, stored for an existing tenant: SetAutonomy.
+		bad("tenant %s starts at autonomy %s: raise it to %s with SetAutonomy once an eval report of its configuration is stored and passes the thresholds",
+			s.ID, registry.AutonomyAssist, s.Autonomy)
+	}
 	if !s.Autonomy.Valid() {
 		names := make([]string, len(registry.Autonomies()))
 		for i, a := range registry.Autonomies() {

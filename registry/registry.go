@@ -58,19 +58,10 @@ const (
 )
 
 // Autonomies lists the allowed autonomy levels, the default first.
-func Autonomies() []Autonomy { return []Autonomy{AutonomyAssist} }
+func Autonomies() []Autonomy { return []Autonomy{AutonomyAssist, AutonomyAuto} }
 
 // Valid reports whether a is one of Autonomies.
 func (a Autonomy) Valid() bool { return slices.Contains(Autonomies(), a) }
-
-// ModelActionsNeedApproval reports whether an action the model stage chose
-// must stop for a human even when the catalogue does not require approval
-// for it. Unknown levels (and the zero value) fail closed: they are assist.
-func (a Autonomy) ModelActionsNeedApproval() bool {
-	// Under assist, always. No level lets the model act alone yet; one that
-	// does must say so here by name, so that any other value stays assist.
-	return true
-}
 
 // Tenant is one registry row with its rules.
 type Tenant struct {
@@ -93,6 +84,10 @@ type Tenant struct {
 	Rules     []Rule
 	UpdatedAt time.Time
 	Autonomy  Autonomy // see AutonomyAssist; a change applies to the next decision
+	// Grants and Thresholds are the autonomy gate's (AutonomyFor); nil
+	// Thresholds means DefaultAutonomyThresholds.
+	Grants     []AutonomyGrant
+	Thresholds *AutonomyThresholds
 }
 
 // Quota is a tenant's bounds on the shared brain, enforced by the NATS
@@ -202,8 +197,13 @@ func TenantList(ctx context.Context, q DBTX) ([]Tenant, error) {
 	if err != nil {
 		return nil, err
 	}
+	ptrs := make([]*Tenant, len(ts))
 	for i := range ts {
 		ts[i].Rules = rules[ts[i].ID]
+		ptrs[i] = &ts[i]
+	}
+	if err := autonomyLoad(ctx, q, ptrs); err != nil {
+		return nil, err
 	}
 	return ts, nil
 }
@@ -220,6 +220,9 @@ func TenantGet(ctx context.Context, q DBTX, id TenantID) (Tenant, error) {
 		return t, err
 	}
 	t.Rules = rules[id]
+	if err := autonomyLoad(ctx, q, []*Tenant{&t}); err != nil {
+		return t, err
+	}
 	return t, nil
 }
 

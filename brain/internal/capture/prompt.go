@@ -15,12 +15,15 @@ import (
 	"n8nbrain/wire"
 )
 
-// Prompt versions, recorded in the ledger with every call. A change to a
-// prompt or its schema is a new version. v2: every e-mail field bounded,
-// omitted recipients counted, cut fields listed.
+// Prompt versions, recorded in the ledger with every call and part of a
+// tenant's decision configuration (registry.DecisionConfig), which eval
+// reports and autonomy grants are bound to. A change to a prompt or its
+// schema is a new version, bumped in registry (TestPromptsArePinnedToTheirVersions
+// fails until it is). v2: every e-mail field bounded, omitted recipients
+// counted, cut fields listed.
 const (
-	PromptClassify = "classify-v2"
-	PromptDraft    = "draft-v2"
+	PromptClassify = registry.PromptClassify
+	PromptDraft    = registry.PromptDraft
 )
 
 // Bounds of every field of the e-mail shown to the model: a small CPU

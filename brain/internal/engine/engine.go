@@ -123,6 +123,10 @@ type Outcome struct {
 	// ItemOutcome is set when the item ends: succeeded, failed, closed_manual.
 	ItemOutcome string
 	HumanAction *wire.HumanAction
+	// Autonomy is the level that applied to this decision: auto when the
+	// model's action went without a human under an autonomy grant, else
+	// assist (the zero value means assist too).
+	Autonomy registry.Autonomy
 }
 
 // Model is the model stage the engine calls when no confident rule decides.
@@ -226,7 +230,10 @@ func (e *Engine) fromRule(in *Input, r *registry.Rule) Outcome {
 // re-admits the action (a stage that forgot to admit, or a double that
 // returns anything, still cannot leave the closed set) and applies the
 // tenant's autonomy: under assist, every action the model chose is
-// AI-generated and stops for a human, whatever the catalogue says of it.
+// AI-generated and stops for a human, whatever the catalogue says of it;
+// under auto, so does every action except those granted for the item's
+// category on a passing eval report of the current configuration
+// (registry.Tenant.AutonomyFor, re-checked here at each decision).
 // The one exception is escalate_item, whose whole effect is to hand the
 // item to a human: approving a hand-over to a human would only ask the
 // same human twice. (The stage's own fallbacks, Escalate with a reason, are
@@ -241,11 +248,20 @@ func (e *Engine) guard(in *Input, out Outcome) Outcome {
 		// triage proposing one, with whatever approval id it made up, is refused.
 		return Escalate(in, out.Assessment, ReasonActionNotAdmitted)
 	}
-	if p.Action.Name != catalogue.EscalateItem && in.Tenant.Autonomy.ModelActionsNeedApproval() {
-		p.RequiresApproval = true
+	applied := registry.AutonomyAssist
+	if p.Action.Name != catalogue.EscalateItem {
+		// Only an action the catalogue lets go without approval, granted
+		// for exactly this category on evidence that still holds for the
+		// tenant's configuration as it is now, skips the human.
+		if !p.RequiresApproval && in.Tenant.AutonomyFor(p.Action.Name, out.Assessment.Category) == registry.AutonomyAuto {
+			applied = registry.AutonomyAuto
+		} else {
+			p.RequiresApproval = true
+		}
 	}
 	if !p.RequiresApproval {
 		out.Action = &p
+		out.Autonomy = applied
 		if out.ActionState == "" || out.ActionState == ActionStatePending {
 			out.ActionState = ActionStateSent
 		}
@@ -254,7 +270,7 @@ func (e *Engine) guard(in *Input, out Outcome) Outcome {
 	// Stopped for a human: whatever the stage said the action would do to
 	// the item (close it, say) waits for the approval.
 	return Outcome{Assessment: out.Assessment, Action: &p, Status: wire.WorkItemStatusAwaitingApproval,
-		ActionState: ActionStatePending}
+		ActionState: ActionStatePending, Autonomy: applied}
 }
 
 // Proposed is the outcome of proposing an admitted action: awaiting

@@ -298,3 +298,82 @@ func make64(c byte) []byte {
 	}
 	return b
 }
+
+// passingScores: a report's gate section that passes the default
+// thresholds for close_item on invoices.
+func passingScores() registry.EvalScores {
+	return registry.EvalScores{Items: 40, ModelAnswers: 40, ValidFirst: 40, ValidOutputRate: 1,
+		Categories: map[string]registry.CategoryScore{"invoice": {Items: 25, Predicted: 25, Correct: 25, Recall: 1, Precision: 1}},
+		Decisions:  []registry.DecisionScore{{Category: "invoice", Action: catalogue.CloseItem, Decided: 20, Correct: 20, Precision: 1}}}
+}
+
+// Under auto, the gate lets the model's action go without a human only
+// for a granted (action, category) whose report is of the tenant's
+// configuration as it is at this decision; anything else stops as under
+// assist, and the outcome says which autonomy applied.
+func TestGuardAppliesAutoAutonomyOnlyWhereGrantedAndCurrent(t *testing.T) {
+	t.Parallel()
+	granted := func(mutate func(*registry.Tenant)) *registry.Tenant {
+		tn := tenant(catalogue.DraftReply, catalogue.EscalateItem, catalogue.CloseItem)
+		tn.Categories = []string{"invoice", "general"}
+		tn.ModelName = "qwen3:4b"
+		tn.Autonomy = registry.AutonomyAuto
+		tn.Grants = []registry.AutonomyGrant{{Action: catalogue.CloseItem, Category: "invoice", ReportID: 1,
+			ConfigHash: tn.DecisionConfig().Hash(), Scores: passingScores()}}
+		if mutate != nil {
+			mutate(tn)
+		}
+		return tn
+	}
+	closeItem, _ := catalogue.Lookup(1, catalogue.CloseItem)
+	draft, _ := catalogue.Lookup(1, catalogue.DraftReply)
+	for _, tt := range []struct {
+		name     string
+		tenant   *registry.Tenant
+		category string
+		proposal Proposal
+		want     registry.Autonomy
+	}{
+		{"Granted", granted(nil), "invoice", Proposal{Action: closeItem, Params: json.RawMessage(`{"resolution":"paid"}`)}, registry.AutonomyAuto},
+		{"OtherCategory", granted(nil), "general", Proposal{Action: closeItem, Params: json.RawMessage(`{"resolution":"paid"}`)}, registry.AutonomyAssist},
+		{"CatalogueRequiresApproval", granted(func(tn *registry.Tenant) {
+			tn.Grants = append(tn.Grants, registry.AutonomyGrant{Action: catalogue.DraftReply, Category: "invoice", ConfigHash: tn.Grants[0].ConfigHash, Scores: passingScores()})
+		}), "invoice", Proposal{Action: draft, Params: json.RawMessage(`{"subject":"s","body":"b"}`)}, registry.AutonomyAssist},
+		{"RuleChangedSince", granted(func(tn *registry.Tenant) {
+			tn.Rules = []registry.Rule{{Name: "new", Match: registry.Match{SubjectKeywords: []string{"zzz"}}, Category: "general", Priority: "low", Confidence: 0.5}}
+		}), "invoice", Proposal{Action: closeItem, Params: json.RawMessage(`{"resolution":"paid"}`)}, registry.AutonomyAssist},
+		{"ModelChangedSince", granted(func(tn *registry.Tenant) { tn.ModelName = "llama3.2:3b" }), "invoice",
+			Proposal{Action: closeItem, Params: json.RawMessage(`{"resolution":"paid"}`)}, registry.AutonomyAssist},
+		{"TenantBackAtAssist", granted(func(tn *registry.Tenant) { tn.Autonomy = registry.AutonomyAssist }), "invoice",
+			Proposal{Action: closeItem, Params: json.RawMessage(`{"resolution":"paid"}`)}, registry.AutonomyAssist},
+		{"ThresholdRaised", granted(func(tn *registry.Tenant) {
+			th := registry.DefaultAutonomyThresholds()
+			th.MinDecisions = 50
+			tn.Thresholds = &th
+		}), "invoice", Proposal{Action: closeItem, Params: json.RawMessage(`{"resolution":"paid"}`)}, registry.AutonomyAssist},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := tt.proposal
+			a := wire.Assessment{Category: tt.category, Priority: "normal", Confidence: 0.9, Source: "model"}
+			e := New(stageFunc(func() (Outcome, error) { return Proposed(a, p), nil }))
+			in := &Input{Tenant: tt.tenant, Item: Item{New: true, CatalogueVersion: 1, Email: &wire.Email{From: "a@b"}}, Request: &wire.TurnSubmitRequest{}}
+			got, err := e.Decide(context.Background(), in, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Autonomy != tt.want && !(tt.want == registry.AutonomyAssist && got.Autonomy == "") {
+				t.Fatalf("autonomy %q, want %q", got.Autonomy, tt.want)
+			}
+			if tt.want == registry.AutonomyAuto {
+				if got.Action == nil || got.Action.RequiresApproval || got.Status != wire.WorkItemStatusClosed || got.ActionState != ActionStateSent {
+					t.Fatalf("granted close_item did not go ahead: %+v", got)
+				}
+				return
+			}
+			if got.Action == nil || !got.Action.RequiresApproval || got.Status != wire.WorkItemStatusAwaitingApproval {
+				t.Fatalf("did not stop for a human: %+v", got)
+			}
+		})
+	}
+}

@@ -324,7 +324,7 @@ func envelope(req *wire.TurnSubmitRequest, in *engine.Input, out engine.Outcome)
 		Status:           out.Status,
 		Reason:           out.Reason,
 		Assessment:       out.Assessment,
-		Autonomy:         string(autonomy(in.Tenant.Autonomy)),
+		Autonomy:         string(autonomy(out.Autonomy)),
 	}
 	if a := out.Action; a != nil {
 		r.Action = &wire.Action{Name: string(a.Action.Name), Params: a.Params, RequiresApproval: a.RequiresApproval}
@@ -332,10 +332,11 @@ func envelope(req *wire.TurnSubmitRequest, in *engine.Input, out engine.Outcome)
 	return r
 }
 
-// autonomy is the level the envelope reports: the registry's, or assist
-// for a value the brain does not know (the engine treats it as assist).
+// autonomy is the level the envelope reports: the one that applied to the
+// decision (auto only when the model's action went without a human under
+// an autonomy grant the engine re-checked), else assist.
 func autonomy(a registry.Autonomy) registry.Autonomy {
-	if !a.Valid() {
+	if a != registry.AutonomyAuto {
 		return registry.AutonomyAssist
 	}
 	return a
