@@ -118,16 +118,22 @@ func BenchmarkTurnCPU(b *testing.B) {
 	for i := range replicas {
 		brains = append(brains, startBrainProcess(b, s, fmt.Sprintf("cpu-%d", i+1), "BRAIN_LOG_LEVEL=warn"))
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	// Every turn proposes a reply, so every turn writes an
+	// approval_requested event: n8n's webhook (a process of its own)
+	// accepts them, and the edge acknowledges each to the brain, as in
+	// production.
+	hookAddr := freeAddr(b)
+	hook := exec.Command(loadBin, "-events", hookAddr)
+	if err := hook.Start(); err != nil {
 		b.Fatal(err)
 	}
-	edgeAddr := ln.Addr().String()
-	ln.Close()
+	b.Cleanup(func() { _ = hook.Process.Kill(); _ = hook.Wait() })
+	edgeAddr := freeAddr(b)
 	ecfg := s.stack.EdgeConfig(tn)
 	edge := exec.Command(edgeBin)
 	edge.Env = append(os.Environ(), "EDGE_NATS_URL="+ecfg.NATSURL, "EDGE_NATS_CREDS="+ecfg.CredsFile, "EDGE_TOKEN="+ecfg.Token,
-		"EDGE_ADDR="+edgeAddr, "EDGE_TENANT_ID=cpu", "EDGE_LOG_LEVEL=warn")
+		"EDGE_ADDR="+edgeAddr, "EDGE_TENANT_ID=cpu", "EDGE_LOG_LEVEL=warn",
+		"EDGE_WEBHOOK_URL=http://"+hookAddr+"/webhook/brain-events", "EDGE_WEBHOOK_SECRET=bench-webhook-secret-0123456789")
 	if err := edge.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -200,6 +206,24 @@ func BenchmarkTurnCPU(b *testing.B) {
 		b.ReportMetric(us(total), pfx+"cpu_total_us")
 	}
 	b.ReportMetric(floor, "floor_us")
+	// Nothing was lost on the way to n8n: every event was acknowledged.
+	db := s.tenantDB(tn)
+	eventually2(b, time.Minute, func() bool {
+		var undelivered int
+		err := db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE delivered_at IS NULL`).Scan(&undelivered)
+		return err == nil && undelivered == 0
+	})
+}
+
+// freeAddr is a loopback address nothing listens on yet.
+func freeAddr(b *testing.B) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // measureN runs o warm-up times untimed, then n times, sequentially.

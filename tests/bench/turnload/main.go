@@ -1,8 +1,9 @@
 // Command turnload is the load client of the CPU benchmark
 // (tests/bench_cpu_test.go): it posts new turns to an edge as n8n would,
 // from a number of callers, and prints their latencies and throughput as
-// one JSON line. It runs as its own process, so the processes under test
-// are measured without it.
+// one JSON line. With -events it is n8n's events webhook instead: it
+// accepts every event the edge delivers, until killed. It runs as its own
+// process, so the processes under test are measured without it.
 package main
 
 import (
@@ -27,7 +28,17 @@ func main() {
 	n := flag.Int("n", 1000, "turns in all")
 	warmup := flag.Int("warmup", 50, "turns before the measurement, per caller")
 	run := flag.String("run", fmt.Sprint(time.Now().UnixNano()), "distinguishes this run's work items")
+	events := flag.String("events", "", "serve an events webhook on this address instead")
 	flag.Parse()
+	if *events != "" {
+		// n8n answers 200 once its webhook took the event.
+		err := http.ListenAndServe(*events, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.WriteHeader(http.StatusOK)
+		}))
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	tr := &http.Transport{MaxIdleConns: 4 * *callers, MaxIdleConnsPerHost: 4 * *callers, DisableCompression: true}
 	client := &http.Client{Transport: tr, Timeout: time.Minute}
 	var seq atomic.Int64
