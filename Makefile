@@ -52,3 +52,8 @@ fuzz:
 .PHONY: compose-config
 compose-config:
 	docker compose config -q
+
+## compose-config-observability: validate compose.yaml with the observability override (README "Observability")
+.PHONY: compose-config-observability
+compose-config-observability:
+	docker compose -f compose.yaml -f deploy/compose.observability.yaml --profile observability config -q

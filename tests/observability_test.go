@@ -102,6 +102,21 @@ func value(fams map[string]*dto.MetricFamily, name string, want map[string]strin
 	return 0, false
 }
 
+// scrapeRaw reads a /metrics endpoint and returns its size.
+func scrapeRaw(ctx context.Context, base string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	n, err := io.Copy(io.Discard, res.Body)
+	return int(n), err
+}
+
 func listen(t *testing.T) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
