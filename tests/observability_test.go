@@ -285,7 +285,8 @@ func TestOneTraceSpansEdgeAndBrain(t *testing.T) {
 	ec := s.startEdge(tn, func(c *edge.Config) { c.TracerProvider = edgeTP })
 
 	const n8nTrace, n8nSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	body, _ := json.Marshal(pergola("<trace-" + randomHex(4) + "@customer.example>"))
+	req := pergola("<trace-" + randomHex(4) + "@customer.example>")
+	body, _ := json.Marshal(req)
 	hreq, _ := http.NewRequest(http.MethodPost, ec.base+"/v1/turns", bytes.NewReader(body))
 	hreq.Header.Set("Authorization", "Bearer "+ec.token)
 	hreq.Header.Set("Content-Type", "application/json")
@@ -330,6 +331,21 @@ func TestOneTraceSpansEdgeAndBrain(t *testing.T) {
 		if sp.Parent().SpanID() != server.SpanContext().SpanID() {
 			t.Errorf("edge span %q is not a child of the request span", sp.Name())
 		}
+	}
+	// The trace context is stored with the turn in its stream, so a
+	// redelivery (another replica, after a crash) joins the same trace.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := s.stack.Streams.JS.Stream(ctx, subjects.TurnsStream(tn.Account.Public))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := st.GetLastMsgForSubject(ctx, subjects.Turn(tn.Account.Public, subjects.TurnKey(req.WorkItemID, req.Turn)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "00-" + n8nTrace + "-" + publish.SpanContext().SpanID().String() + "-01"; stored.Header.Get("traceparent") != want {
+		t.Errorf("the stored turn's traceparent is %q, want %q", stored.Header.Get("traceparent"), want)
 	}
 	turnSpan := bs.named(t, "brain turn")
 	if turnSpan.Parent().SpanID() != publish.SpanContext().SpanID() || !turnSpan.Parent().IsRemote() {
