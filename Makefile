@@ -62,3 +62,8 @@ compose-images:
 ## compose-test: `docker compose up` of the whole stack on the local images, under its own project name (tests/compose; CI runs it)
 compose-test: compose-images
 	$(GO) test -tags compose -count=1 -timeout 45m -v ./tests/compose/
+
+## compose-config-observability: validate compose.yaml with the observability override (README "Observability")
+.PHONY: compose-config-observability
+compose-config-observability:
+	docker compose -f compose.yaml -f deploy/compose.observability.yaml --profile observability config -q

@@ -9,9 +9,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	"go.opentelemetry.io/otel/trace"
 
 	"n8nbrain/brain/internal/fair"
 	"n8nbrain/brain/internal/tenancy"
+	"n8nbrain/internal/telemetry"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
@@ -80,6 +82,7 @@ func (b *brain) respondAPIError(m *nats.Msg, e *wire.Error) {
 }
 
 func (b *brain) handleAPI(m *nats.Msg) {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	account, method, err := subjects.ParseAPI(m.Subject)
@@ -87,9 +90,19 @@ func (b *brain) handleAPI(m *nats.Msg) {
 		b.log.Error("API request on a malformed subject; dropped", "error", err)
 		return
 	}
-	log := b.log.With("api_method", method)
+	ctx, span := b.tracer.Start(telemetry.Extract(ctx, m.Header), "brain api "+apiMethodLabel(method), trace.WithSpanKind(trace.SpanKindServer))
+	defer span.End()
+	log := telemetry.With(ctx, b.log.With("api_method", method))
 	var reply any
 	t, ok := b.dir.ByAccount(account)
+	tenant := account
+	if ok {
+		tenant = string(t.ID)
+	}
+	result := "ok"
+	defer func() {
+		b.inst.apiCalls.WithLabelValues(tenant, apiMethodLabel(method), result).Observe(time.Since(start).Seconds())
+	}()
 	switch {
 	case !ok:
 		err = &wire.Error{Code: wire.CodeForbidden, Reason: wire.ReasonUnknownTenant, Message: "this NATS account is not a tenant of the brain"}
@@ -99,6 +112,12 @@ func (b *brain) handleAPI(m *nats.Msg) {
 		log = log.With("tenant_id", t.ID)
 		reply, err = b.dispatchAPI(ctx, t, method, m.Data)
 		err = b.dir.Check(t, err)
+		switch method {
+		case subjects.APIApprovalList, subjects.APIApprovalGet, subjects.APIApprovalDecide, subjects.APIEventAck:
+			// Someone is looking at or deciding approvals, or an event was
+			// delivered: count what is pending again.
+			b.pending.kick(t)
+		}
 	}
 	out := nats.NewMsg(m.Reply)
 	if err != nil {
@@ -106,6 +125,8 @@ func (b *brain) handleAPI(m *nats.Msg) {
 			err = &wire.Error{Code: wire.CodeUnavailable, RetryAfter: 5, Message: "the brain is at its database connection limit; retry shortly"}
 		}
 		e := wire.ErrorOf(err)
+		result = string(e.Code)
+		telemetry.End(span, err)
 		if e.Code == wire.CodeInternal {
 			log.Error("API call failed", "error", err)
 		}
@@ -121,6 +142,17 @@ func (b *brain) handleAPI(m *nats.Msg) {
 	if err := m.RespondMsg(out); err != nil {
 		log.Warn("respond to API call", "error", err)
 	}
+}
+
+// apiMethodLabel is method when it is one of the API's, else "unknown": a
+// label never takes a value a client chose.
+func apiMethodLabel(method string) string {
+	switch method {
+	case subjects.APIApprovalList, subjects.APIApprovalGet, subjects.APIApprovalDecide, subjects.APIEventAck,
+		subjects.APIReport, subjects.APITenantLimits:
+		return method
+	}
+	return "unknown"
 }
 
 // dispatchAPI decodes a request strictly and calls the method's handler.

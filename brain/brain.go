@@ -15,8 +15,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"n8nbrain/brain/internal/approval"
 	"n8nbrain/brain/internal/capture"
@@ -27,6 +30,7 @@ import (
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/brain/internal/timer"
 	"n8nbrain/brain/internal/turn"
+	"n8nbrain/internal/telemetry"
 	"n8nbrain/nats/connwatch"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
@@ -48,6 +52,14 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("brain config: %w", err)
 	}
 	log = log.With("replica", cfg.Replica)
+	tp := cfg.TracerProvider
+	var queryTracer pgx.QueryTracer
+	if telemetry.IsOn(tp) {
+		queryTracer = telemetry.PgxTracer{}
+	} else {
+		tp = telemetry.Off().TracerProvider
+	}
+	inst := newInstruments()
 
 	sealer, err := registry.NewSealer(cfg.SealingKey)
 	if err != nil {
@@ -60,6 +72,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		MaxConns:       cfg.DBMaxConns,
 		IdleTimeout:    cfg.DBIdleTimeout,
 		Refresh:        cfg.RegistryRefresh,
+		QueryTracer:    queryTracer,
 	}, log)
 	if err != nil {
 		return err
@@ -88,7 +101,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 
-	mc, stage, err := modelStage(ctx, cfg.Model, log)
+	mc, stage, err := modelStage(ctx, cfg.Model, inst, log)
 	if err != nil {
 		return err
 	}
@@ -103,7 +116,10 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks(cfg.Hooks), log)
 	sched := fair.New[queued](cfg.TenantWorkers)
 	b := &brain{cfg: cfg, log: log, nc: nc, natsWatch: watch, js: js, dir: dir, proc: proc, approvals: approvals, outbox: fwd,
-		model: mc, stage: stage, sched: sched, consumers: newConsumers(js, sched, log)}
+		model: mc, stage: stage, sched: sched, consumers: newConsumers(js, sched, log),
+		inst: inst, tracer: tp.Tracer(telemetry.Scope)}
+	b.pending = newPendingWatch(dir, log)
+	b.metrics = b.newMetrics()
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -112,6 +128,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	wg.Go(func() { fwd.Run(runCtx) })
 	wg.Go(func() { b.consumeDue(runCtx) })
 	wg.Go(func() { b.reconcile(runCtx) })
+	wg.Go(func() { b.pending.run(runCtx) })
 
 	api := b.newAPIServer()
 	b.consumers.api = api
@@ -190,13 +207,21 @@ type brain struct {
 	// sched shares the workers fairly between tenants; consumers feed it.
 	sched     *fair.Scheduler[queued]
 	consumers *consumers
+	// inst are the metrics observed on the hot path; metrics is this
+	// replica's registry (its own: never the global default one).
+	inst    *instruments
+	metrics *prometheus.Registry
+	// tracer starts a turn's spans: a no-op one when tracing is off.
+	tracer trace.Tracer
+	// pending keeps each active tenant's approvals and outbox backlog.
+	pending *pendingWatch
 }
 
 // modelStage builds the model client and stage, or nothing (rules only)
 // when no model server is configured. A server that does not answer at
 // start-up is a warning, not a failure: the circuit breaker keeps items
 // from waiting on it, and they are escalated as model_unavailable.
-func modelStage(ctx context.Context, cfg ModelConfig, log *slog.Logger) (*model.Client, *capture.Stage, error) {
+func modelStage(ctx context.Context, cfg ModelConfig, inst *instruments, log *slog.Logger) (*model.Client, *capture.Stage, error) {
 	if cfg.URL == "" {
 		log.Info("no model server configured (BRAIN_OLLAMA_URL): running rules only; items no confident rule decides are escalated to a human")
 		return nil, nil, nil
@@ -221,7 +246,7 @@ func modelStage(ctx context.Context, cfg ModelConfig, log *slog.Logger) (*model.
 	if err != nil {
 		return nil, nil, err
 	}
-	stage := capture.New(mc, capture.Config{DefaultModel: cfg.Name}, log)
+	stage := capture.New(mc, capture.Config{DefaultModel: cfg.Name, CallObservedFunc: inst.modelCallObserved}, log)
 	if v, err := mc.Ping(ctx); err != nil {
 		log.Warn("model server not reachable at start-up; items needing the model are escalated as model_unavailable until it answers",
 			"model_url", u.Redacted(), "model", cfg.Name, "error", err)
@@ -256,6 +281,10 @@ func (b *brain) reconcile(ctx context.Context) {
 			if err := b.outbox.Forward(ctx, t); err != nil && ctx.Err() == nil {
 				b.log.Warn("reconcile events", "tenant_id", t.ID, "error", err)
 			}
+			// The pass has the tenant's pool open: its pending approvals and
+			// events are counted again, so no tenant's figures are older
+			// than one interval.
+			b.pending.kick(t)
 		}
 		if len(tenants) == 0 {
 			select {

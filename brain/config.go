@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"n8nbrain/brain/internal/model"
 	"n8nbrain/registry"
 )
@@ -67,6 +69,10 @@ type Config struct {
 	Model ModelConfig
 	// Hooks inject faults in tests; nil in production.
 	Hooks Hooks
+	// TracerProvider traces turns (OpenTelemetry); nil means tracing off.
+	// cmd/brain builds it from the standard OTEL_EXPORTER_OTLP_* variables
+	// (telemetry.FromEnv); tests pass one with an in-memory exporter.
+	TracerProvider trace.TracerProvider
 }
 
 // ModelConfig is the model server and how the brain calls it. The zero

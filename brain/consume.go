@@ -11,8 +11,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"n8nbrain/brain/internal/turn"
+	"n8nbrain/internal/telemetry"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
@@ -48,6 +51,7 @@ type queued struct {
 	m       jetstream.Msg
 	account string
 	ackWait time.Duration
+	at      time.Time // when this replica received it (zero: unknown)
 }
 
 // turnWorkers decides turns from every tenant's consumer with cfg.Workers
@@ -115,9 +119,16 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 	log := b.log.With("turn_key", key, "stream_seq", md.Sequence.Stream, "delivered", md.NumDelivered)
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.TurnTimeout)
 	defer cancel()
+	t, ok := b.dir.ByAccount(account)
+	tenant := account
+	if ok {
+		tenant = string(t.ID)
+	}
+	ctx, span := b.startTurnSpan(ctx, q, md, tenant, start)
+	defer span.End()
+	log = telemetry.With(ctx, log)
 
 	var ans turn.Answer
-	t, ok := b.dir.ByAccount(account)
 	switch {
 	case !ok:
 		log.Warn("turn from an account the registry does not know; rejected", "account", account)
@@ -137,9 +148,11 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 			return
 		}
 		if err != nil {
+			telemetry.End(span, err)
 			if int(md.NumDelivered) < b.cfg.MaxDeliveries {
 				delay := redeliveryDelay(md.NumDelivered)
 				log.Warn("turn failed; will be retried", "error", err, "retry_in", delay.String())
+				b.inst.turnDone(tenant, OutcomeRetried, "transient")
 				_ = m.NakWithDelay(delay)
 				return
 			}
@@ -148,17 +161,79 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 				Message: "the brain could not decide this turn now; submit the same turn again later"})
 		}
 	}
+	replyStart := time.Now()
 	if err := b.publishReply(ctx, account, key, md.Sequence.Stream, ans); err != nil {
 		log.Warn("publish reply failed; turn will be redelivered", "error", err)
+		b.inst.turnDone(tenant, OutcomeDropped, "reply_not_stored")
+		telemetry.End(span, err)
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
+	b.inst.observeStage(tenant, StageReply, time.Since(replyStart))
 	if err := m.Ack(); err != nil {
 		// The reply is stored; a redelivery replays it from the database.
 		log.Warn("ack turn", "error", err)
 	}
+	b.inst.answered(tenant, ans)
+	b.inst.observeStage(tenant, StageProcess, time.Since(start))
+	if ok && ans.OK {
+		// A decision may have written or superseded approvals and events.
+		b.pending.kick(t)
+	}
+	annotateTurnSpan(span, ans)
 	log.Info("turn answered", "turn", ans.Turn, "ok", ans.OK, "replayed", ans.Replayed,
 		"duration_ms", float64(time.Since(start).Microseconds())/1000)
+}
+
+// startTurnSpan starts the turn's span on this replica, a child of the
+// edge's publish (its trace context travels in the turn's headers, which
+// the stream stores, so a redelivered turn joins the same trace), with the
+// time it waited in JetStream and in the fair scheduler as child spans and
+// histograms. Without tracing the span is a no-op.
+func (b *brain) startTurnSpan(ctx context.Context, q queued, md *jetstream.MsgMetadata, tenant string, start time.Time) (context.Context, trace.Span) {
+	stored, received := md.Timestamp, q.at
+	if received.IsZero() || received.After(start) {
+		received = start
+	}
+	if stored.After(received) { // the NATS server's clock runs ahead of ours
+		stored = received
+	}
+	b.inst.observeStage(tenant, StageQueue, received.Sub(stored))
+	b.inst.observeStage(tenant, StageSchedule, start.Sub(received))
+	b.inst.backlog.WithLabelValues(tenant).Set(float64(md.NumPending))
+
+	ctx = telemetry.Extract(ctx, q.m.Headers())
+	ctx, span := b.tracer.Start(ctx, "brain turn", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(stored))
+	if !span.IsRecording() {
+		return ctx, span
+	}
+	span.SetAttributes(
+		attribute.String("messaging.system", "nats"),
+		attribute.String("messaging.destination.name", subjects.TurnsStream(q.account)),
+		attribute.Int64("messaging.nats.stream_sequence", int64(md.Sequence.Stream)),
+		attribute.Int64("messaging.nats.delivered", int64(md.NumDelivered)),
+		attribute.String("tenant.id", tenant),
+		attribute.String("brain.replica", b.cfg.Replica),
+	)
+	_, wait := b.tracer.Start(ctx, "jetstream wait", trace.WithTimestamp(stored))
+	wait.End(trace.WithTimestamp(received))
+	_, sched := b.tracer.Start(ctx, "scheduler wait", trace.WithTimestamp(received))
+	sched.End(trace.WithTimestamp(start))
+	return ctx, span
+}
+
+// annotateTurnSpan notes the answer on the turn's span.
+func annotateTurnSpan(span trace.Span, ans turn.Answer) {
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(attribute.Bool("turn.ok", ans.OK), attribute.Bool("turn.replayed", ans.Replayed),
+		attribute.Int("turn.number", ans.Turn))
+	if ans.OK {
+		span.SetAttributes(attribute.String("turn.status", string(ans.Status)))
+	} else if ans.Error != nil {
+		span.SetAttributes(attribute.String("error.type", errorReason(ans.Error)))
+	}
 }
 
 // publishReply stores the answer in RESULTS (one per subject) and, through
@@ -176,7 +251,11 @@ func (b *brain) publishReply(ctx context.Context, account, key string, seq uint6
 	// No message id: a replay after a crash must be stored (and so
 	// republished live) again, not swallowed by the dedupe window. RESULTS
 	// keeps one message per subject, so nothing accumulates.
+	ctx, span := telemetry.Start(ctx, "publish reply", trace.WithSpanKind(trace.SpanKindProducer))
+	// The reply carries the turn's trace context back to the edge.
+	telemetry.Inject(ctx, msg.Header)
 	_, err := b.js.PublishMsg(ctx, msg)
+	telemetry.End(span, err)
 	return err
 }
 
@@ -269,6 +348,7 @@ func (b *brain) handleDue(ctx context.Context, m jetstream.Msg) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.TurnTimeout)
 	defer cancel()
 	log := b.log.With("tenant_id", t.ID, "timer", kind)
+	defer b.pending.kick(t)
 	switch kind {
 	case subjects.DueExpiry:
 		var n int
@@ -284,8 +364,10 @@ func (b *brain) handleDue(ctx context.Context, m jetstream.Msg) {
 	}
 	if err != nil {
 		log.Warn("timer failed; it fires again shortly", "error", err)
+		b.inst.timers.WithLabelValues(kind, "failed").Inc()
 		_ = m.NakWithDelay(5 * time.Second)
 		return
 	}
+	b.inst.timers.WithLabelValues(kind, "ok").Inc()
 	_ = m.Ack()
 }

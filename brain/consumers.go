@@ -164,7 +164,7 @@ func (c *consumers) start(ctx context.Context, acc string, id registry.TenantID)
 	}
 	batch := min(max(info.Config.MaxAckPending, 1), 64)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		c.sched.Push(acc, queued{m: m, account: acc, ackWait: tc.ackWait})
+		c.sched.Push(acc, queued{m: m, account: acc, ackWait: tc.ackWait, at: time.Now()})
 	},
 		jetstream.PullMaxMessages(batch),
 		jetstream.PullExpiry(pullExpiry),

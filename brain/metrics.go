@@ -8,6 +8,7 @@ import (
 
 	"n8nbrain/brain/internal/model"
 	"n8nbrain/brain/internal/tenancy"
+	"n8nbrain/internal/telemetry"
 )
 
 // Why prometheus/client_golang: the de-facto standard exposition library,
@@ -41,6 +42,9 @@ func (b *brain) newMetrics() *prometheus.Registry {
 			Help: "Registry reloads: of every tenant (all), or of the one tenant a change names (tenant).", ConstLabels: prometheus.Labels{"scope": scope}},
 			func() float64 { return float64(n.Load()) }))
 	}
+	reg.MustRegister(b.inst.collectors()...)
+	reg.MustRegister(telemetry.NATSCollectors("brain", b.nc)...)
+	reg.MustRegister(&pendingCollector{b: b})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_tenants_consumed",
 		Help: "Tenants whose turn consumer this replica is bound to."}, func() float64 { return float64(b.consumers.count()) }))
 	reg.MustRegister(&tenantLoadCollector{b: b}, &tenantDBCollector{b: b})

@@ -52,6 +52,6 @@ func (b *brain) opsRoutes() http.Handler {
 		}{"ready", problems})
 		_, _ = w.Write(body)
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(b.newMetrics(), promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(b.metrics, promhttp.HandlerOpts{}))
 	return mux
 }

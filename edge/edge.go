@@ -15,7 +15,9 @@ import (
 	"unicode"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
+	"n8nbrain/internal/telemetry"
 	"n8nbrain/nats/connwatch"
 )
 
@@ -29,6 +31,18 @@ type Config struct {
 	TenantID string
 	// Addr is where cmd/edge listens [EDGE_ADDR]. Default 127.0.0.1:8480.
 	Addr string
+	// MetricsAddr serves GET /metrics (Prometheus) on a listener of its own,
+	// never the API's [EDGE_METRICS_ADDR], e.g. 127.0.0.1:9480, or :9480 in
+	// a container for Prometheus to reach. Default off: several tenants'
+	// edges may share a host, and each would want the same port.
+	MetricsAddr string
+	// MetricsListener, when set, is used instead of listening on
+	// MetricsAddr (tests).
+	MetricsListener net.Listener
+	// TracerProvider traces requests and turns (OpenTelemetry); nil means
+	// tracing off. cmd/edge builds it from the standard
+	// OTEL_EXPORTER_OTLP_* variables (telemetry.FromEnv).
+	TracerProvider trace.TracerProvider
 	// NATSURL is the NATS server to connect to [EDGE_NATS_URL].
 	NATSURL string
 	// CredsFile is the tenant's .creds file: user JWT and NKey seed
@@ -171,6 +185,13 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("webhook retries %d, initial interval %s, max interval %s: want retries and intervals positive, max at least initial",
 			c.WebhookRetries, c.WebhookInitialInterval, c.WebhookMaxInterval))
 	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			errs = append(errs, fmt.Errorf("EDGE_METRICS_ADDR %q is not host:port: %v", c.MetricsAddr, err))
+		} else if c.MetricsAddr == c.Addr {
+			errs = append(errs, errors.New("EDGE_METRICS_ADDR must differ from EDGE_ADDR: /metrics is never served on n8n's API listener"))
+		}
+	}
 	if c.TurnWait < 0 {
 		errs = append(errs, fmt.Errorf("EDGE_TURN_WAIT is %s; it must be positive", c.TurnWait))
 	}
@@ -206,6 +227,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	c := Config{
 		TenantID:             getenv("EDGE_TENANT_ID"),
 		Addr:                 getenv("EDGE_ADDR"),
+		MetricsAddr:          getenv("EDGE_METRICS_ADDR"),
 		NATSURL:              getenv("EDGE_NATS_URL"),
 		CredsFile:            getenv("EDGE_NATS_CREDS"),
 		Token:                getenv("EDGE_TOKEN"),
@@ -311,11 +333,26 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 		ln.Close()
 		return fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
 	}
-	rl, err := newRelay(nc, cfg, logger)
+	m := newMetrics(cfg.TenantID, nc)
+	rl, err := newRelay(nc, cfg, m, logger)
 	if err != nil {
 		ln.Close()
 		nc.Close()
 		return err
+	}
+	if mln := cfg.MetricsListener; mln != nil || cfg.MetricsAddr != "" {
+		if mln == nil {
+			if mln, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+				ln.Close()
+				nc.Close()
+				return fmt.Errorf("listen on EDGE_METRICS_ADDR: %w", err)
+			}
+		}
+		defer serveMetrics(mln, m, logger)()
+	}
+	var tracer trace.TracerProvider
+	if telemetry.IsOn(cfg.TracerProvider) {
+		tracer = cfg.TracerProvider
 	}
 	var auth *reviewAuth
 	if rv == nil {
@@ -348,6 +385,8 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 			auth:      auth,
 			csrfKey:   csrfKey(cfg.Token),
 			clock:     &reviewClock{loc: loc, now: time.Now},
+			metrics:   m,
+			tracer:    tracer,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,

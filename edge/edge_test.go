@@ -758,6 +758,18 @@ func TestConfigFromEnv(t *testing.T) {
 		{name: "BadSecureCookie", env: with("EDGE_REVIEW_SECURE_COOKIE", "yes please"), wantErr: "EDGE_REVIEW_SECURE_COOKIE"},
 		{name: "LongSessionIdle", env: with("EDGE_REVIEW_SESSION_IDLE", "24h"), wantErr: "EDGE_REVIEW_SESSION_IDLE"},
 		{name: "BadTimeZone", env: with("EDGE_REVIEW_TIMEZONE", "Mars/Olympus"), wantErr: "EDGE_REVIEW_TIMEZONE"},
+		{name: "MetricsOffByDefault", env: base, check: func(t *testing.T, c Config) {
+			if c.MetricsAddr != "" {
+				t.Errorf("metrics listener %q by default, want off", c.MetricsAddr)
+			}
+		}},
+		{name: "Metrics", env: with("EDGE_METRICS_ADDR", ":9480"), check: func(t *testing.T, c Config) {
+			if c.MetricsAddr != ":9480" {
+				t.Errorf("%+v", c)
+			}
+		}},
+		{name: "MetricsOnTheAPIListener", env: with("EDGE_ADDR", "127.0.0.1:8480", "EDGE_METRICS_ADDR", "127.0.0.1:8480"), wantErr: "EDGE_METRICS_ADDR must differ"},
+		{name: "MetricsNotHostPort", env: with("EDGE_METRICS_ADDR", "9480"), wantErr: "EDGE_METRICS_ADDR"},
 		{name: "BadIPHeader", env: with("EDGE_REVIEW_CLIENT_IP_HEADER", "X-Real-IP: 1"), wantErr: "EDGE_REVIEW_CLIENT_IP_HEADER"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,6 +16,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"go.opentelemetry.io/otel/trace"
+
+	"n8nbrain/internal/telemetry"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
 )
@@ -44,6 +47,7 @@ type relay struct {
 	logger         *slog.Logger
 	turnWait       time.Duration
 	publishTimeout time.Duration
+	metrics        *metrics
 
 	mu      sync.Mutex
 	waiters map[string]map[chan *nats.Msg]struct{}
@@ -59,7 +63,7 @@ type relay struct {
 // newRelay subscribes to every live reply of the tenant once, for the life
 // of the process, and waits until the server has the subscription: a reply
 // published after newRelay returns reaches a registered waiter.
-func newRelay(nc *nats.Conn, cfg Config, logger *slog.Logger) (*relay, error) {
+func newRelay(nc *nats.Conn, cfg Config, m *metrics, logger *slog.Logger) (*relay, error) {
 	// The edge user has no $JS.API rights; the JetStream client is only used
 	// to publish through the turn import and read the PubAck.
 	js, err := jetstream.New(nc)
@@ -72,6 +76,7 @@ func newRelay(nc *nats.Conn, cfg Config, logger *slog.Logger) (*relay, error) {
 		logger:         logger,
 		turnWait:       cfg.TurnWait,
 		publishTimeout: cfg.PublishTimeout,
+		metrics:        m,
 		waiters:        map[string]map[chan *nats.Msg]struct{}{},
 		pending:        map[string]string{},
 	}
@@ -150,10 +155,22 @@ func (r *relay) Submit(ctx context.Context, key string, payload []byte, fp strin
 	defer r.unregister(key, ch)
 
 	s := &submission{key: key, payload: payload, fp: fp}
-	res, err := r.publish(ctx, key, payload, msgID(key, fp, 0), 0)
+	start := time.Now()
+	pctx, span := telemetry.Start(ctx, "publish turn", trace.WithSpanKind(trace.SpanKindProducer))
+	res, err := r.publish(pctx, key, payload, msgID(key, fp, 0), 0)
+	telemetry.End(span, err)
+	published := time.Now()
+	r.metrics.observeStage(StagePublish, published.Sub(start))
 	if err != nil {
 		return turnOutcome{}, err
 	}
+	// The wait for the answer, live or stored; the brain's reply carries its
+	// turn's trace context, linked to this span.
+	ctx, span = telemetry.Start(ctx, "await reply")
+	defer func() {
+		r.metrics.observeStage(StageAwait, time.Since(published))
+		span.End()
+	}()
 	if res.kind == publishAccepted {
 		s.ownSeq, s.minSeq = res.seq, res.seq
 		return r.await(ctx, s, ch)
@@ -167,6 +184,18 @@ func (r *relay) Submit(ctx context.Context, key string, payload []byte, fp strin
 		return out, err
 	}
 	return r.await(ctx, s, ch)
+}
+
+// linkReply links the span in ctx to the brain's span that answered, when
+// the reply carries its trace context.
+func linkReply(ctx context.Context, h nats.Header) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	if sc := telemetry.RemoteSpanContext(h); sc.IsValid() {
+		span.AddLink(trace.Link{SpanContext: sc})
+	}
 }
 
 // look fetches the stored reply of s's key and applies it. done is false
@@ -228,6 +257,7 @@ func (r *relay) await(ctx context.Context, s *submission, ch chan *nats.Msg) (tu
 		}
 		select {
 		case m := <-ch:
+			linkReply(ctx, m.Header)
 			rep, err := parseReply(m)
 			switch {
 			case err != nil:
@@ -422,6 +452,11 @@ func (r *relay) publish(ctx context.Context, key string, payload []byte, id stri
 		defer cancel()
 		// A fresh message each attempt: PublishMsg writes its headers into it.
 		msg := &nats.Msg{Subject: subjects.TurnLocal(key), Data: payload}
+		if trace.SpanContextFromContext(ctx).IsValid() {
+			// W3C trace context rides in the turn's headers, stored with it.
+			msg.Header = nats.Header{}
+			telemetry.Inject(ctx, msg.Header)
+		}
 		ack, err := r.js.PublishMsg(actx, msg,
 			jetstream.WithMsgID(id),
 			jetstream.WithExpectLastSequencePerSubject(expect),
@@ -634,6 +669,7 @@ func (r *relay) fetch(ctx context.Context, key string) (rep brainReply, found bo
 	if err != nil {
 		return brainReply{}, false, err
 	}
+	linkReply(ctx, m.Header)
 	return rep, true, nil
 }
 
@@ -653,11 +689,18 @@ func (r *relay) Call(ctx context.Context, method string, req any) ([]byte, error
 	subject := subjects.APILocal(method)
 	// No responders means no brain got the request (a replica restarting):
 	// asking again is safe, within the call's budget.
+	ctx, span := telemetry.Start(ctx, "brain api "+method, trace.WithSpanKind(trace.SpanKindClient))
+	defer span.End()
+	var hdr nats.Header
+	if span.SpanContext().IsValid() {
+		hdr = nats.Header{}
+		telemetry.Inject(ctx, hdr)
+	}
 	var m *nats.Msg
 	wait := backoff.WithContext(backoff.NewExponentialBackOff(backoff.WithInitialInterval(25*time.Millisecond),
 		backoff.WithMaxInterval(500*time.Millisecond), backoff.WithMaxElapsedTime(0)), ctx)
 	for {
-		m, err = r.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subject, Data: data})
+		m, err = r.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subject, Data: data, Header: hdr})
 		if !errors.Is(err, nats.ErrNoResponders) {
 			break
 		}

@@ -16,6 +16,11 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+
+	"n8nbrain/internal/telemetry"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
 )
@@ -62,6 +67,9 @@ type deps struct {
 	csrfKey []byte
 	// clock is the review page's time zone and clock.
 	clock *reviewClock
+	// metrics are observed by every route; tracer is nil when tracing is off.
+	metrics *metrics
+	tracer  trace.TracerProvider
 }
 
 // routes lists every HTTP route of the edge.
@@ -175,6 +183,8 @@ func handleTurnSubmit(d deps) http.Handler {
 		}
 		w.Header().Set("X-Turn-Key", key)
 
+		d.metrics.observeStage(StageIntake, time.Since(requestStart(r.Context())))
+		defer d.metrics.turnStarted()()
 		out, err := d.brain.Submit(r.Context(), key, payload, wire.Fingerprint(req))
 		if err != nil {
 			fail(r.Context(), w, err)
@@ -366,7 +376,18 @@ func isJSON(contentType string) bool {
 }
 
 // requestLog collects what a handler learnt for the one log line of a request.
-type requestLog struct{ attrs []slog.Attr }
+type requestLog struct {
+	attrs []slog.Attr
+	start time.Time
+}
+
+// requestStart is when the request's handling began (now, outside one).
+func requestStart(ctx context.Context) time.Time {
+	if rl, ok := ctx.Value(requestLogKey{}).(*requestLog); ok {
+		return rl.start
+	}
+	return time.Now()
+}
 
 type requestLogKey struct{}
 
@@ -383,19 +404,32 @@ func logged(d deps, route string, next http.Handler) http.Handler {
 	return loggedAt(d, slog.LevelInfo, route, next)
 }
 
+// It also records the request's metrics and, with tracing on, makes it a
+// span (a child of n8n's when the request carries a W3C traceparent), whose
+// trace_id the log line carries. Probes (Debug lines) are not traced.
 func loggedAt(d deps, level slog.Level, route string, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rl := &requestLog{}
+		rl := &requestLog{start: start}
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), requestLogKey{}, rl)))
+		took := time.Since(start)
+		d.metrics.request(route, sw.status, rl.attrs, took)
 		attrs := append([]slog.Attr{
 			slog.String("route", route),
 			slog.Int("status", sw.status),
-			slog.Int64("duration_ms", time.Since(start).Milliseconds()),
+			slog.Int64("duration_ms", took.Milliseconds()),
 		}, rl.attrs...)
+		if a, ok := telemetry.LogAttr(r.Context()); ok {
+			attrs = append(attrs, a)
+		}
 		d.logger.LogAttrs(r.Context(), level, "http request", logSafe(attrs)...)
 	})
+	if d.tracer == nil || level < slog.LevelInfo {
+		return h
+	}
+	return otelhttp.NewHandler(h, route, otelhttp.WithTracerProvider(d.tracer), otelhttp.WithPropagators(telemetry.Propagator),
+		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()))
 }
 
 // maxLogValue bounds every string of a request's log line. What a handler

@@ -37,9 +37,9 @@ type Config struct {
 	Dir      string
 	AdminURL string // Postgres bootstrap role; used for provisioning only
 	// Prefix is prepended to provisioned role and database names (tests).
-	Prefix     string
-	NATSHost   string // default 127.0.0.1
-	NATSPort   int    // default: a free port (single node only)
+	Prefix   string
+	NATSHost string // default 127.0.0.1
+	NATSPort int    // default: a free port (single node only)
 	// NATSNodes is 1 (default) for one server, or 3 for a routed cluster
 	// whose streams are replicated on every node (R3).
 	NATSNodes  int

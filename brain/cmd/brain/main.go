@@ -1,5 +1,6 @@
 // Command brain runs one brain replica, configured from the environment
-// (see brain.ConfigFromEnv). `brain healthcheck` asks a running replica's
+// (see brain.ConfigFromEnv; tracing from the standard OTEL_* variables, see
+// package telemetry). `brain healthcheck` asks a running replica's
 // BRAIN_OPS_ADDR whether it is ready (a container health check; exit 0 or 1).
 package main
 
@@ -9,10 +10,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"n8nbrain/brain"
 	"n8nbrain/internal/healthcheck"
 	"n8nbrain/internal/loglevel"
+	"n8nbrain/internal/telemetry"
 )
 
 func main() {
@@ -29,8 +32,21 @@ func main() {
 		os.Exit(1)
 	}
 	cfg, err := brain.ConfigFromEnv(os.Getenv)
+	var tp telemetry.Provider
 	if err == nil {
+		tp, err = telemetry.FromEnv(ctx, os.Getenv, "n8nbrain-brain")
+	}
+	if err == nil {
+		if telemetry.IsOn(tp.TracerProvider) {
+			log.Info("tracing on: spans are exported over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT)")
+		}
+		cfg.TracerProvider = tp.TracerProvider
 		err = brain.Run(ctx, cfg, log)
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if serr := tp.Shutdown(sctx); serr != nil {
+			log.Warn("flush traces", "error", serr)
+		}
+		cancel()
 	}
 	if err != nil {
 		log.Error("brain stopped", "error", err)

@@ -15,6 +15,7 @@ import (
 	"n8nbrain/brain/internal/engine"
 	"n8nbrain/brain/internal/model"
 	"n8nbrain/catalogue"
+	"n8nbrain/registry"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
 )
@@ -38,6 +39,9 @@ type Config struct {
 	// decision: model calls stop that much earlier, so a slow model ends in
 	// an answered escalation, not an abandoned turn. Default 5s.
 	Reserve time.Duration
+	// CallObservedFunc, when set, is told every HTTP call's tenant,
+	// outcome and latency (the brain's latency histogram).
+	CallObservedFunc func(tenant registry.TenantID, outcome model.Outcome, latency time.Duration)
 }
 
 // Stage is the model stage; it implements engine.Model.
@@ -349,6 +353,9 @@ func (r *run) calls(step, version, name string, made []model.Call, attempts *int
 	for _, c := range made {
 		*attempts++
 		r.s.usage.add(r.in.Tenant.ID, c.PromptTokens+c.OutputTokens, c.Outcome)
+		if f := r.s.cfg.CallObservedFunc; f != nil {
+			f(r.in.Tenant.ID, c.Outcome, c.Latency)
+		}
 		out = append(out, engine.ModelCall{CallID: uuid.NewString(), Step: step, Attempt: *attempts, Model: name,
 			PromptVersion: version, PromptTokens: c.PromptTokens, OutputTokens: c.OutputTokens,
 			Latency: c.Latency, Outcome: string(c.Outcome)})

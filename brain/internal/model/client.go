@@ -13,6 +13,10 @@ import (
 	"time"
 
 	"github.com/ollama/ollama/api"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"n8nbrain/internal/telemetry"
 )
 
 // Config of a client. The zero value of a field means its default.
@@ -325,6 +329,16 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 		msgs[i] = api.Message{Role: m.Role, Content: m.Content}
 	}
 	stream, think := false, api.ThinkValue{Value: false}
+	tctx, span := telemetry.Start(tctx, "model chat", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("gen_ai.request.model", req.Model)))
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(attribute.String("model.outcome", string(call.Outcome)),
+				attribute.Int64("gen_ai.usage.input_tokens", call.PromptTokens),
+				attribute.Int64("gen_ai.usage.output_tokens", call.OutputTokens))
+		}
+		telemetry.End(span, err)
+	}()
 	start := time.Now()
 	err = c.api.Chat(tctx, &api.ChatRequest{
 		Model:     req.Model,

@@ -430,3 +430,37 @@ func OutcomeReport(ctx context.Context, q DBTX, since *time.Time) (wire.OutcomeR
 	}
 	return r, nil
 }
+
+// PendingApproval is a pending approval's times, for the metrics of what
+// waits for a human.
+type PendingApproval struct {
+	CreatedAt time.Time
+	ExpiresAt time.Time
+}
+
+// ApprovalPendingTimes lists the pending approvals' times, soonest expiry
+// first, at most limit, and how many are pending in all.
+func ApprovalPendingTimes(ctx context.Context, q DBTX, limit int) ([]PendingApproval, int, error) {
+	rows, _ := q.Query(ctx, `SELECT created_at, expires_at, count(*) OVER () FROM approvals
+		WHERE status = 'pending' ORDER BY expires_at LIMIT $1`, limit)
+	total := 0
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (PendingApproval, error) {
+		var p PendingApproval
+		err := row.Scan(&p.CreatedAt, &p.ExpiresAt, &total)
+		return p, err
+	})
+	return out, total, translate(err, "list pending approvals' times")
+}
+
+// OutboxBacklog is how many events are not yet delivered and when the
+// oldest of them was written (zero when none).
+func OutboxBacklog(ctx context.Context, q DBTX) (n int, oldest time.Time, err error) {
+	var t *time.Time
+	if err := q.QueryRow(ctx, `SELECT count(*), min(created_at) FROM outbox WHERE delivered_at IS NULL`).Scan(&n, &t); err != nil {
+		return 0, time.Time{}, translate(err, "outbox backlog")
+	}
+	if t != nil {
+		oldest = *t
+	}
+	return n, oldest, nil
+}

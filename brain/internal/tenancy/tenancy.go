@@ -39,6 +39,9 @@ type Config struct {
 	// Refresh is the safety-net full reload interval (changes arrive through
 	// LISTEN within moments). Default 2m.
 	Refresh time.Duration
+	// QueryTracer, when set, traces tenant databases' queries (nil when
+	// tracing is off: pgx then does no tracing work at all).
+	QueryTracer pgx.QueryTracer
 }
 
 func (c Config) withDefaults() Config {
@@ -197,6 +200,7 @@ func (d *Directory) pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool
 	pc.ConnConfig.RuntimeParams["search_path"] = "public"
 	pc.ConnConfig.RuntimeParams["default_transaction_read_only"] = "off"
 	pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
+	pc.ConnConfig.Tracer = d.cfg.QueryTracer
 	id := t.ID
 	pc.AfterConnect = func(context.Context, *pgx.Conn) error {
 		d.loginWorks(id)

@@ -19,6 +19,7 @@ import (
 	"n8nbrain/brain/internal/engine"
 	"n8nbrain/brain/internal/store"
 	"n8nbrain/brain/internal/tenancy"
+	"n8nbrain/internal/telemetry"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
@@ -94,6 +95,19 @@ type Answer struct {
 	WorkItemID  string
 	Turn        int
 	Replayed    bool
+	// Status is the decision's status (decided or replayed turns); Error
+	// is the error answered (OK false). Both are for metrics and logs.
+	Status wire.WorkItemStatus
+	Error  *wire.Error
+	// Timings are where the turn's time went in the tenant's database and
+	// the engine (zero for stages it did not reach).
+	Timings Timings
+}
+
+// Timings of one turn's stages.
+type Timings struct {
+	Decide time.Duration // the engine, model calls included
+	Commit time.Duration // the one transaction of the turn's writes
 }
 
 // Message is a turn as it came off the tenant's turn stream.
@@ -206,11 +220,14 @@ func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry
 		return Answer{}, err
 	}
 	var out engine.Outcome
+	decideStart := time.Now()
 	if req.Turn > t.TurnCeiling {
 		out = engine.Halt(in.Item)
 		p.Counters.Halted.Add(1)
 	} else {
-		out, err = p.engine.Decide(ctx, in, &runtime{q: pool, workItemID: req.WorkItemID, turn: req.Turn, tenant: t.ID, hooks: p.hooks})
+		dctx, span := telemetry.Start(ctx, "decide")
+		out, err = p.engine.Decide(dctx, in, &runtime{q: pool, workItemID: req.WorkItemID, turn: req.Turn, tenant: t.ID, hooks: p.hooks})
+		telemetry.End(span, err)
 		var iie *engine.InvalidInputError
 		if errors.As(err, &iie) {
 			return p.reject(ans, &wire.Error{Code: wire.CodeInvalid, Field: iie.Field, Message: iie.Error()}), nil
@@ -240,7 +257,13 @@ func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry
 	if out.Action != nil {
 		w.Decision.Action = out.Action.Action.Name
 	}
-	if err := store.TurnCommit(ctx, pool, w); err != nil {
+	ans.Timings.Decide = time.Since(decideStart)
+	commitStart := time.Now()
+	cctx, span := telemetry.Start(ctx, "commit")
+	err = store.TurnCommit(cctx, pool, w)
+	telemetry.End(span, err)
+	ans.Timings.Commit = time.Since(commitStart)
+	if err != nil {
 		return Answer{}, err
 	}
 	p.Counters.Decided.Add(1)
@@ -249,7 +272,7 @@ func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry
 			return Answer{}, fmt.Errorf("%w after commit: %v", ErrCrash, err)
 		}
 	}
-	ans.OK, ans.Body = true, body
+	ans.OK, ans.Body, ans.Status = true, body, out.Status
 	return ans, nil
 }
 
@@ -266,7 +289,7 @@ func (p *Processor) replay(ctx context.Context, q store.DBTX, req *wire.TurnSubm
 			Message: fmt.Sprintf("turn %d of this work item was already decided for a different payload", req.Turn)}), nil
 	}
 	p.Counters.Replayed.Add(1)
-	ans.OK = true
+	ans.OK, ans.Status = true, d.Status
 	if sameMessage(d, m) {
 		// The same message again (a replica died after committing): the
 		// original answer, byte for byte.
@@ -284,7 +307,7 @@ func (p *Processor) reject(ans Answer, e *wire.Error) Answer {
 	if err != nil {
 		panic(err) // a wire.Error always encodes
 	}
-	ans.OK, ans.Body = false, body
+	ans.OK, ans.Body, ans.Error = false, body, e
 	return ans
 }
 

@@ -10,12 +10,14 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 	// EDGE_REVIEW_TIMEZONE works in a container without a zoneinfo database.
 	_ "time/tzdata"
 
 	"n8nbrain/edge"
 	"n8nbrain/internal/healthcheck"
 	"n8nbrain/internal/loglevel"
+	"n8nbrain/internal/telemetry"
 )
 
 func main() {
@@ -43,6 +45,21 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	tp, err := telemetry.FromEnv(ctx, os.Getenv, "n8nbrain-edge")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			logger.Warn("flush traces", "error", err)
+		}
+	}()
+	if telemetry.IsOn(tp.TracerProvider) {
+		logger.Info("tracing on: spans are exported over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT)")
+	}
+	cfg.TracerProvider = tp.TracerProvider
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return err
