@@ -361,7 +361,6 @@ func TestOneTraceSpansEdgeAndBrain(t *testing.T) {
 	}
 	decide := bs.named(t, "decide")
 	chats := 0
-	sqlUnderTurn := false
 	byID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
 	for _, sp := range bs {
 		byID[sp.SpanContext().SpanID()] = sp
@@ -375,13 +374,11 @@ func TestOneTraceSpansEdgeAndBrain(t *testing.T) {
 			}
 		case strings.HasPrefix(sp.Name(), "sql "):
 			// Every SQL span hangs from a span of this trace on the brain.
-			p, ok := byID[sp.Parent().SpanID()]
-			if !ok {
+			// (Turn 1 writes without reading first, so its only SQL is
+			// the commit's batch, checked below.)
+			if _, ok := byID[sp.Parent().SpanID()]; !ok {
 				t.Errorf("SQL span %q has a parent outside the brain's spans", sp.Name())
 				continue
-			}
-			if p.SpanContext().SpanID() == turnSpan.SpanContext().SpanID() {
-				sqlUnderTurn = true
 			}
 			for _, a := range sp.Attributes() {
 				if strings.Contains(a.Value.Emit(), "pergola") {
@@ -392,9 +389,6 @@ func TestOneTraceSpansEdgeAndBrain(t *testing.T) {
 	}
 	if chats != 2 {
 		t.Errorf("%d model chat spans, want 2 (classify, draft)", chats)
-	}
-	if !sqlUnderTurn {
-		t.Error("no SQL span (loading the work item) under the turn span")
 	}
 	commit := bs.named(t, "commit")
 	batch := bs.named(t, "sql batch")
