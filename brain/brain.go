@@ -47,7 +47,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	log = log.With("replica", cfg.Replica)
 
-	sealer, err := registry.NewSealer(cfg.SealingKey)
+	sealer, err := registry.NewSealer(cfg.SealingKey, cfg.PreviousSealingKey)
 	if err != nil {
 		return err
 	}
