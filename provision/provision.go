@@ -134,13 +134,21 @@ func lock(ctx context.Context, conn *pgx.Conn, name string) error {
 // by the reader LOGIN role, whose password it sets. It returns the reader's
 // URL. Running it again is safe and resets the reader's password.
 func (o *Ops) BootstrapRegistry(ctx context.Context, readerPassword string) (readerURL string, err error) {
+	return o.bootstrapRegistry(ctx, &readerPassword)
+}
+
+// bootstrapRegistry is BootstrapRegistry; a nil password leaves the reader's
+// as it is (MigrateRegistry).
+func (o *Ops) bootstrapRegistry(ctx context.Context, readerPassword *string) (readerURL string, err error) {
 	c, err := o.cluster()
 	if err != nil {
 		return "", err
 	}
-	pwClause, err := passwordClause(readerPassword)
-	if err != nil {
-		return "", fmt.Errorf("provision: registry reader password: %w", err)
+	var pwClause string
+	if readerPassword != nil {
+		if pwClause, err = passwordClause(*readerPassword); err != nil {
+			return "", fmt.Errorf("provision: registry reader password: %w", err)
+		}
 	}
 	admin, err := c.connect(ctx, "")
 	if err != nil {
@@ -185,7 +193,10 @@ func (o *Ops) BootstrapRegistry(ctx context.Context, readerPassword string) (rea
 	if err != nil {
 		return "", fmt.Errorf("bootstrap registry: grant reader: %w", err)
 	}
-	return c.url(c.registryReader, readerPassword, c.registryDB), nil
+	if readerPassword == nil {
+		return "", nil
+	}
+	return c.url(c.registryReader, *readerPassword, c.registryDB), nil
 }
 
 // RegistryAdmin opens a connection to the registry database as the admin,
