@@ -37,10 +37,10 @@ const (
 // globals are the connection settings every command shares. Each has an
 // environment variable (envvar), read through Env.Getenv.
 type globals struct {
-	AdminURL     string `name:"admin-url" envvar:"BRAINCTL_ADMIN_URL" placeholder:"URL" help:"Postgres URL of the registry cluster's bootstrap role (CREATEDB and CREATEROLE, or a superuser)."`
-	RegistryDB   string `name:"registry-db" envvar:"BRAINCTL_REGISTRY_DB" default:"brain_registry" help:"Registry database name."`
-	RegistryHost string `name:"registry-host" envvar:"BRAINCTL_REGISTRY_HOST" placeholder:"HOST" help:"How brains reach the registry's cluster (written into registry rows of tenants on it). Default: the admin URL's host."`
-	RegistryPort int    `name:"registry-port" envvar:"BRAINCTL_REGISTRY_PORT" placeholder:"PORT" help:"With --registry-host. Default: the admin URL's port."`
+	AdminURL     string   `name:"admin-url" envvar:"BRAINCTL_ADMIN_URL" placeholder:"URL" help:"Postgres URL of the registry cluster's bootstrap role (CREATEDB and CREATEROLE, or a superuser)."`
+	RegistryDB   string   `name:"registry-db" envvar:"BRAINCTL_REGISTRY_DB" default:"brain_registry" help:"Registry database name."`
+	RegistryHost string   `name:"registry-host" envvar:"BRAINCTL_REGISTRY_HOST" placeholder:"HOST" help:"How brains reach the registry's cluster (written into registry rows of tenants on it). Default: the admin URL's host."`
+	RegistryPort int      `name:"registry-port" envvar:"BRAINCTL_REGISTRY_PORT" placeholder:"PORT" help:"With --registry-host. Default: the admin URL's port."`
 	Clusters     []string `name:"cluster" envvar:"BRAINCTL_CLUSTERS" sep:" " placeholder:"HOST:PORT=URL" help:"Admin URL of another cluster holding tenant databases, keyed by the host:port brains reach it at (as in the registry rows); repeat the flag, or separate entries by spaces in the variable."`
 
 	SealingKey             string `name:"sealing-key" envvar:"BRAIN_SEALING_KEY" placeholder:"HEX" help:"Key sealing tenant passwords (64 hex characters): the brains' key. Prefer the variable or --sealing-key-file to a flag."`

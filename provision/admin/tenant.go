@@ -354,8 +354,10 @@ type tenantEnableCmd struct {
 	ID string `arg:"" name:"tenant" help:"Tenant id."`
 }
 
-func (c *tenantDisableCmd) Run(a *app) error { return setStatus(a, c.ID, registry.TenantStatusDisabled) }
-func (c *tenantEnableCmd) Run(a *app) error  { return setStatus(a, c.ID, registry.TenantStatusActive) }
+func (c *tenantDisableCmd) Run(a *app) error {
+	return setStatus(a, c.ID, registry.TenantStatusDisabled)
+}
+func (c *tenantEnableCmd) Run(a *app) error { return setStatus(a, c.ID, registry.TenantStatusActive) }
 
 type statusResult struct {
 	Tenant  string `json:"tenant"`
