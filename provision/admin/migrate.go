@@ -82,6 +82,9 @@ func (c *migrateCmd) Run(a *app) error {
 	if err != nil {
 		return err
 	}
+	if _, err := a.clusters(); err != nil {
+		return err
+	}
 	var streams *provision.Streams
 	if !c.SkipStreams {
 		if streams, err = a.streams(); err != nil {
