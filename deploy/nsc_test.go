@@ -11,7 +11,6 @@ package deploy_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,16 +146,6 @@ jetstream {
 		n.t.Fatal("server not ready")
 	}
 	return srv
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func connect(t *testing.T, url, creds string) *nats.Conn {

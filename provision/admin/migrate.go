@@ -20,6 +20,7 @@ type registryCmd struct {
 type registryInitCmd struct {
 	ReaderPassword     string `name:"reader-password" envvar:"BRAINCTL_REGISTRY_READER_PASSWORD" placeholder:"PASSWORD" help:"The brains' registry reader role's password (printable ASCII; it goes into BRAIN_REGISTRY_URL, so URL-safe characters are simplest)."`
 	ReaderPasswordFile string `name:"reader-password-file" envvar:"BRAINCTL_REGISTRY_READER_PASSWORD_FILE" placeholder:"FILE" help:"File holding it."`
+	ReaderURLFile      string `name:"reader-url-file" placeholder:"FILE" help:"Write the brains' BRAIN_REGISTRY_URL (password included) to FILE, readable by its owner only."`
 }
 
 func (c *registryInitCmd) Run(a *app) error {
@@ -48,14 +49,26 @@ func (c *registryInitCmd) Run(a *app) error {
 		return err
 	}
 	redacted := strings.Replace(readerURL, ":"+pw+"@", ":REDACTED@", 1)
+	if c.ReaderURLFile != "" {
+		if err := os.WriteFile(c.ReaderURLFile, []byte(readerURL+"\n"), 0o600); err != nil {
+			return &Error{Field: "--reader-url-file", Message: err.Error()}
+		}
+		if err := os.Chmod(c.ReaderURLFile, 0o600); err != nil {
+			return &Error{Field: "--reader-url-file", Message: err.Error()}
+		}
+	}
 	out := struct {
-		Database  string `json:"database"`
-		Schema    int    `json:"schema"`
-		ReaderURL string `json:"reader_url_redacted"`
-	}{a.g.RegistryDB, res.To, redacted}
+		Database      string `json:"database"`
+		Schema        int    `json:"schema"`
+		ReaderURL     string `json:"reader_url_redacted"`
+		ReaderURLFile string `json:"reader_url_file,omitempty"`
+	}{a.g.RegistryDB, res.To, redacted, c.ReaderURLFile}
 	return a.out.emit(out, func(w io.Writer) {
 		fmt.Fprintf(w, "registry %s ready (schema %d)\n", out.Database, out.Schema)
 		fmt.Fprintf(w, "brains read it with BRAIN_REGISTRY_URL=%s (REDACTED: the reader password you gave)\n", redacted)
+		if c.ReaderURLFile != "" {
+			fmt.Fprintf(w, "written, password included, to %s\n", c.ReaderURLFile)
+		}
 	})
 }
 
