@@ -440,14 +440,17 @@ func (c *tenantDeleteCmd) Run(a *app) error {
 		if err != nil {
 			return tenantError(c.ID, err)
 		}
-		w, err := ops.TenantWork(a.ctx, t, cl)
-		if err != nil {
-			return tenantError(c.ID, err)
+		w, werr := ops.TenantWork(a.ctx, t, cl)
+		if werr == nil {
+			out.Work = &w
 		}
-		out.Work = &w
-		if (w.Open > 0 || w.PendingApprovals > 0 || w.UndeliveredEvents > 0) && !c.Force {
+		open := werr == nil && (w.Open > 0 || w.PendingApprovals > 0 || w.UndeliveredEvents > 0)
+		if (open || werr != nil) && !c.Force {
 			msg := fmt.Sprintf("refused: %d open work items, %d pending approvals, %d undelivered events would be lost; "+
 				"close them first or pass --force", w.Open, w.PendingApprovals, w.UndeliveredEvents)
+			if werr != nil {
+				msg = fmt.Sprintf("refused: what its database holds cannot be read (%v); pass --force to delete it anyway", werr)
+			}
 			if wasActive {
 				if _, err := ops.SetTenantStatus(a.ctx, id, registry.TenantStatusActive); err != nil {
 					msg += fmt.Sprintf(" (and it could not be enabled again: %v; run 'brainctl tenant enable %s')", err, c.ID)
