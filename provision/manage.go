@@ -21,7 +21,7 @@ import (
 // need NATS): see Streams.
 
 // ErrTenantNotFound means the registry has no tenant with that id.
-var ErrTenantNotFound = errors.New("tenant not found in the registry")
+var ErrTenantNotFound = errors.New("not in the registry")
 
 // Tenant returns a tenant's registry row with its rules.
 func (o *Ops) Tenant(ctx context.Context, id registry.TenantID) (registry.Tenant, error) {
@@ -269,12 +269,14 @@ type DeleteReport struct {
 	Roles       []string          `json:"roles_dropped"`
 }
 
-// DeleteTenant removes a tenant's registry row (and rules), then drops its
-// database (closing whatever connections it has: brains drop the tenant
-// when the row goes) and its roles on cluster cl. It does not look at what
-// the database holds (TenantWork) nor at its streams (Streams.DeleteTenant):
-// callers do both first. Running it again finishes an interrupted delete:
-// with the row gone, the database and roles are those named after the id.
+// DeleteTenant drops a tenant's database (closing whatever connections it
+// has) and its roles on cluster cl, then removes its registry row and rules
+// (brains drop the tenant when the row goes). It does not look at what the
+// database holds (TenantWork) nor at its streams (Streams.DeleteTenant):
+// callers do both first, and disable the tenant. The row goes last, so
+// running it again finishes an interrupted delete on the cluster the row
+// names; with the row gone, the database and roles named after the id on cl
+// are dropped if they are there.
 func (o *Ops) DeleteTenant(ctx context.Context, id registry.TenantID, cl Cluster) (DeleteReport, error) {
 	rep := DeleteReport{Tenant: id}
 	reg, err := o.RegistryAdmin(ctx)
@@ -323,16 +325,6 @@ func (o *Ops) DeleteTenant(ctx context.Context, id registry.TenantID, cl Cluster
 		// Owned by an unexpected role: drop the database, keep that role.
 		n.owner = ""
 	}
-	if !gone {
-		err := pgx.BeginFunc(ctx, reg, func(tx pgx.Tx) error {
-			var err error
-			rep.Rules, rep.RegistryRow, err = registry.TenantDelete(ctx, tx, id)
-			return err
-		})
-		if err != nil {
-			return rep, err
-		}
-	}
 	if owner != nil {
 		if _, err := admin.Exec(ctx, `DROP DATABASE IF EXISTS `+ident(n.db)+` WITH (FORCE)`); err != nil {
 			return rep, fmt.Errorf("delete tenant %s: drop database %s: %w", id, n.db, err)
@@ -354,6 +346,16 @@ func (o *Ops) DeleteTenant(ctx context.Context, id registry.TenantID, cl Cluster
 			return rep, fmt.Errorf("delete tenant %s: drop role %s: %w", id, role, err)
 		}
 		rep.Roles = append(rep.Roles, role)
+	}
+	if !gone {
+		err := pgx.BeginFunc(ctx, reg, func(tx pgx.Tx) error {
+			var err error
+			rep.Rules, rep.RegistryRow, err = registry.TenantDelete(ctx, tx, id)
+			return err
+		})
+		if err != nil {
+			return rep, err
+		}
 	}
 	return rep, nil
 }
@@ -396,7 +398,7 @@ func (o *Ops) MigrateTenantOn(ctx context.Context, id registry.TenantID, cl Clus
 	var res MigrateResult
 	t, err := o.Tenant(ctx, id)
 	if err != nil {
-		return res, fmt.Errorf("migrate tenant %s: %w", id, err)
+		return res, err // it names the tenant
 	}
 	c, err := o.clusterOf(t, cl)
 	if err != nil {
