@@ -34,9 +34,9 @@ verify: lint
 	$(GO) mod tidy
 	git diff --exit-code go.mod go.sum
 
-## build: the binaries into bin/
+## build: the binaries into bin/ (brain, brain-eval, edge, devstack, brainctl)
 build:
-	$(GO) build -o bin/ ./brain/cmd/brain ./brain/cmd/brain-eval ./edge/cmd/edge ./deploy/cmd/devstack
+	$(GO) build -o bin/ ./brain/cmd/brain ./brain/cmd/brain-eval ./edge/cmd/edge ./deploy/cmd/devstack ./provision/cmd/brainctl
 
 ## bench: the turn benchmarks and the LangGraph baseline of BENCHMARKS.md, with a summary of ratios (not part of test/CI)
 bench:

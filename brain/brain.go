@@ -61,7 +61,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	inst := newInstruments()
 
-	sealer, err := registry.NewSealer(cfg.SealingKey)
+	sealer, err := registry.NewSealer(cfg.SealingKey, cfg.PreviousSealingKey)
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,11 @@ type Config struct {
 	// SealingKey opens tenant database passwords sealed in the registry.
 	// BRAIN_SEALING_KEY (64 hex characters) or BRAIN_SEALING_KEY_FILE.
 	SealingKey []byte
+	// PreviousSealingKey also opens them, during a rotation of the sealing
+	// key (`brainctl seal-key rotate` re-seals every password with
+	// SealingKey; then it is removed). BRAIN_SEALING_KEY_PREVIOUS or
+	// BRAIN_SEALING_KEY_PREVIOUS_FILE; optional.
+	PreviousSealingKey []byte
 	// Replica names this replica in logs and its NATS connection. BRAIN_REPLICA, default the host name.
 	Replica string
 	// Workers is how many turns this replica decides at once. BRAIN_WORKERS, default 16.
@@ -167,6 +172,9 @@ func (c Config) validate() error {
 	if len(c.SealingKey) != registry.KeySize {
 		errs = append(errs, fmt.Errorf("BRAIN_SEALING_KEY or BRAIN_SEALING_KEY_FILE is required: %d bytes as hex", registry.KeySize))
 	}
+	if len(c.PreviousSealingKey) != 0 && len(c.PreviousSealingKey) != registry.KeySize {
+		errs = append(errs, fmt.Errorf("BRAIN_SEALING_KEY_PREVIOUS must be %d bytes as hex", registry.KeySize))
+	}
 	if c.Workers < 1 || c.Workers > 1024 {
 		errs = append(errs, fmt.Errorf("BRAIN_WORKERS must be between 1 and 1024, got %d", c.Workers))
 	}
@@ -201,21 +209,26 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		c.Model.URL = strings.TrimSpace(getenv("OLLAMA_HOST"))
 	}
 	var errs []error
-	key := getenv("BRAIN_SEALING_KEY")
-	if f := getenv("BRAIN_SEALING_KEY_FILE"); f != "" && key == "" {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("BRAIN_SEALING_KEY_FILE: %w", err))
+	keyVar := func(name string) []byte {
+		key := getenv(name)
+		if f := getenv(name + "_FILE"); f != "" && key == "" {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s_FILE: %w", name, err))
+			}
+			key = string(b)
 		}
-		key = string(b)
-	}
-	if key != "" {
+		if key == "" {
+			return nil
+		}
 		k, err := registry.ParseKey(key)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("BRAIN_SEALING_KEY: %w", err))
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
-		c.SealingKey = k
+		return k
 	}
+	c.SealingKey = keyVar("BRAIN_SEALING_KEY")
+	c.PreviousSealingKey = keyVar("BRAIN_SEALING_KEY_PREVIOUS")
 	intVar := func(name string, dst *int) {
 		if v := getenv(name); v != "" {
 			n, err := strconv.Atoi(strings.TrimSpace(v))

@@ -1,6 +1,10 @@
 package brain
 
 import (
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -65,6 +69,46 @@ func TestModelConfigValidate(t *testing.T) {
 			c.Model = tc.model
 			if err := c.withDefaults().validate(); (err == nil) != tc.ok {
 				t.Fatalf("validate: %v", err)
+			}
+		})
+	}
+}
+
+// TestSealingKeysFromEnv: the current key and, during a rotation, the
+// previous one, each from the variable or its _FILE.
+func TestSealingKeysFromEnv(t *testing.T) {
+	t.Parallel()
+	cur, prev := strings.Repeat("ab", 32), strings.Repeat("cd", 32)
+	file := filepath.Join(t.TempDir(), "previous.key")
+	if err := os.WriteFile(file, []byte(prev+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name       string
+		env        map[string]string
+		cur, prev  string
+		wantErrSub string
+	}{
+		{"CurrentOnly", map[string]string{"BRAIN_SEALING_KEY": cur}, cur, "", ""},
+		{"Both", map[string]string{"BRAIN_SEALING_KEY": cur, "BRAIN_SEALING_KEY_PREVIOUS": prev}, cur, prev, ""},
+		{"PreviousFromFile", map[string]string{"BRAIN_SEALING_KEY": cur, "BRAIN_SEALING_KEY_PREVIOUS_FILE": file}, cur, prev, ""},
+		{"BadPrevious", map[string]string{"BRAIN_SEALING_KEY": cur, "BRAIN_SEALING_KEY_PREVIOUS": "xyz"}, "", "", "BRAIN_SEALING_KEY_PREVIOUS"},
+		{"MissingPreviousFile", map[string]string{"BRAIN_SEALING_KEY": cur, "BRAIN_SEALING_KEY_PREVIOUS_FILE": file + ".gone"}, "", "", "BRAIN_SEALING_KEY_PREVIOUS_FILE"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := ConfigFromEnv(func(k string) string { return tc.env[k] })
+			if tc.wantErrSub != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErrSub) {
+					t.Fatalf("err %v, want one naming %s", err, tc.wantErrSub)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hex.EncodeToString(c.SealingKey) != tc.cur || hex.EncodeToString(c.PreviousSealingKey) != tc.prev {
+				t.Fatalf("keys %x / %x, want %s / %s", c.SealingKey, c.PreviousSealingKey, tc.cur, tc.prev)
 			}
 		})
 	}

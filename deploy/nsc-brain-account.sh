@@ -130,6 +130,8 @@ for e in "${EXPORTS[@]}"; do
 		--account-token-position "$position" ${service[@]+"${service[@]}"}
 done
 
+ensure_signing_key "$ACCOUNT"
+
 tokens=$(mktemp -d)
 trap 'rm -rf "$tokens"' EXIT
 for i in "${IMPORTS[@]}"; do

@@ -9,9 +9,14 @@ account_json() {
 	nsc describe account --name "$1" --json 2>/dev/null | sed 's/\\u003e/>/g; s/\\u003c/</g; s/\\u0026/\&/g'
 }
 
-# has_subject reports whether an account's claims name a subject.
+# has_subject reports whether an account's claims name a subject. The
+# claims are read whole before grep looks: with pipefail, grep -q leaving a
+# pipe early makes the writer die of SIGPIPE and the pipeline "fail", which
+# would read as "no such subject".
 has_subject() {
-	account_json "$1" | grep -qF "\"$2\""
+	local claims
+	claims=$(account_json "$1")
+	grep -qF "\"$2\"" <<<"$claims"
 }
 
 # account_key prints an account's public key.
@@ -29,7 +34,12 @@ account_key() {
 revokes_user() {
 	local key=$1
 	[[ $key =~ ^U[A-Z2-7]{55}$ ]] || return 2
-	tr -d ' \t\r\n' | grep -qE "\"revocations\":\{[^}]*\"($key|\\*)\":"
+	# Read whole before grep looks: grep -q leaving early would make the
+	# writer die of SIGPIPE and, with pipefail, the pipeline read as "not
+	# revoked" (see has_subject).
+	local claims
+	claims=$(tr -d ' \t\r\n')
+	grep -qE "\"revocations\":\{[^}]*\"($key|\\*)\":" <<<"$claims"
 }
 
 # user_key ACCOUNT USER prints a user's public key.
@@ -78,4 +88,17 @@ push_account() {
 # write_creds ACCOUNT USER FILE writes the user's .creds file, private.
 write_creds() {
 	(umask 077 && nsc generate creds --account "$1" --name "$2" --output-file "$3")
+}
+
+# ensure_signing_key ACCOUNT gives the account a signing key unless it has
+# one. Users and activation tokens are then signed with it, so the
+# account's identity key can be kept offline; an operator that requires
+# signing keys (nsc edit operator --require-signing-keys) issues no user of
+# an account without one.
+ensure_signing_key() {
+	local claims
+	claims=$(account_json "$1" | tr -d ' \t\r\n')
+	if ! grep -q '"signing_keys":\[' <<<"$claims"; then
+		nsc edit account --name "$1" --sk generate
+	fi
 }

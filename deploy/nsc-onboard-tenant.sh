@@ -134,6 +134,8 @@ for i in "${IMPORTS[@]}"; do
 		--remote-subject "$remote" --local-subject "$local" ${service[@]+"${service[@]}"}
 done
 
+ensure_signing_key "$TENANT"
+
 perms=()
 for s in "${EDGE_ALLOW_PUB[@]}"; do perms+=(--allow-pub "$s"); done
 for s in "${EDGE_ALLOW_SUB[@]}"; do perms+=(--allow-sub "$s"); done

@@ -130,6 +130,8 @@ for e in "${EXPORTS[@]}"; do
 	nsc add export "${args[@]}"
 done
 
+ensure_signing_key "$ACCOUNT"
+
 perms=()
 for s in "${PROVISIONER_ALLOW_PUB[@]}"; do perms+=(--allow-pub "$s"); done
 for s in "${PROVISIONER_ALLOW_SUB[@]}"; do perms+=(--allow-sub "$s"); done

@@ -59,9 +59,12 @@ func TestNSCReRunKeepsARevokedUserRevoked(t *testing.T) {
 
 	run("nsc", "add", "operator", "--name", "ops", "--sys")
 	brainCreds, edgeCreds := filepath.Join(home, "brain.creds"), filepath.Join(home, "acme-edge.creds")
+	run("./nsc-streams-account.sh", "--no-push", "--creds", filepath.Join(home, "provisioner.creds"), "ops")
 	run("./nsc-brain-account.sh", "--no-push", "--creds", brainCreds, "ops")
-	brainPub := strings.Trim(strings.TrimSpace(run("nsc", "describe", "account", "--name", "BRAIN", "--field", "sub")), `"`)
-	onboard := []string{"--no-push", "--creds", edgeCreds, "acme", "ops", brainPub}
+	accountKey := func(name string) string {
+		return strings.Trim(strings.TrimSpace(run("nsc", "describe", "account", "--name", name, "--field", "sub")), `"`)
+	}
+	onboard := []string{"--no-push", "--creds", edgeCreds, "acme", "ops", accountKey("BRAIN"), accountKey("STREAMS")}
 	run("./nsc-onboard-tenant.sh", onboard...)
 
 	for _, tc := range []struct {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 
@@ -78,7 +79,7 @@ func checkPerms(t *testing.T, script string, arrays map[string][]string, prefix 
 // TestStreamsAccountScriptMatchesTheCode keeps deploy/nsc-streams-account.sh
 // in step with subjects.StreamsExports and account.Permissions(RoleProvisioner).
 func TestStreamsAccountScriptMatchesTheCode(t *testing.T) {
-	arrays, _ := shellArrays(t, "nsc-streams-account.sh")
+	arrays, scalars := shellArrays(t, "nsc-streams-account.sh")
 	var want []string
 	for _, e := range subjects.StreamsExports() {
 		response := "single"
@@ -94,6 +95,9 @@ func TestStreamsAccountScriptMatchesTheCode(t *testing.T) {
 		t.Errorf("nsc-streams-account.sh EXPORTS\n got %q\nwant %q (subjects.StreamsExports)", got, want)
 	}
 	checkPerms(t, "nsc-streams-account.sh", arrays, "PROVISIONER", account.RoleProvisioner)
+	if got, err := time.ParseDuration(scalars["RESPONSE_THRESHOLD"]); err != nil || got != account.StreamedResponseThreshold {
+		t.Errorf("RESPONSE_THRESHOLD=%q (%v), want %s (account.StreamedResponseThreshold)", scalars["RESPONSE_THRESHOLD"], err, account.StreamedResponseThreshold)
+	}
 }
 
 // TestBrainAccountScriptMatchesTheCode keeps deploy/nsc-brain-account.sh in

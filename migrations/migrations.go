@@ -75,9 +75,18 @@ func List(set Set) ([]Migration, error) {
 // in its own transaction, recording them in schema_migrations. The caller
 // picks the role the tables will belong to (SET ROLE) before calling.
 func Apply(ctx context.Context, conn *pgx.Conn, set Set) error {
+	return ApplyThrough(ctx, conn, set, 0)
+}
+
+// ApplyThrough is Apply stopping after version last (0: all). Tests build a
+// database of an earlier schema version with it, to prove the upgrade.
+func ApplyThrough(ctx context.Context, conn *pgx.Conn, set Set, last int) error {
 	ms, err := List(set)
 	if err != nil {
 		return err
+	}
+	if last > 0 {
+		ms = slices.DeleteFunc(ms, func(m Migration) bool { return m.Version > last })
 	}
 	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
@@ -107,4 +116,30 @@ func Apply(ctx context.Context, conn *pgx.Conn, set Set) error {
 		}
 	}
 	return nil
+}
+
+// Latest is the version of a set's last migration: the current schema.
+func Latest(set Set) (int, error) {
+	ms, err := List(set)
+	if err != nil || len(ms) == 0 {
+		return 0, err
+	}
+	return ms[len(ms)-1].Version, nil
+}
+
+// Applied is the last migration version a database has had (0: none, or no
+// schema_migrations table yet).
+func Applied(ctx context.Context, conn *pgx.Conn) (int, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	if err := conn.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
 }

@@ -77,7 +77,7 @@ func TestRestrictMaintenanceDatabases(t *testing.T) {
 		os.RemoveAll(root)
 	})
 	sealer := must(registry.NewSealer(must(registry.ParseKey(registry.NewKey()))))
-	ops := &provision.Ops{AdminURL: inst.AdminURL(), Sealer: sealer, BrainAccount: newAccount(t), SystemAccount: newAccount(t)}
+	ops := &provision.Ops{AdminURL: inst.AdminURL(), Sealer: sealer, Reserved: newReserved(t)}
 	readerURL, err := ops.BootstrapRegistry(t.Context(), "reader-password-0123")
 	if err != nil {
 		t.Fatal(err)

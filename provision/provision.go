@@ -32,13 +32,10 @@ type Ops struct {
 	RegistryDB string
 	// Sealer seals tenant passwords for the registry.
 	Sealer *registry.Sealer
-	// BrainAccount and SystemAccount are the public keys of the operator's
-	// BRAIN and system accounts. CreateTenant requires them and refuses
-	// either as a tenant's NATS account: the brain would take turns arriving
-	// on its own account for that tenant's, and the system account's users
-	// are the server's administrators.
-	BrainAccount  string
-	SystemAccount string
+	// Reserved are the public keys of the operator's BRAIN, STREAMS and
+	// system accounts. CreateTenant requires them and refuses each as a
+	// tenant's NATS account (ReservedAccounts says why).
+	Reserved ReservedAccounts
 	// Prefix is prepended to every role and database name this Ops creates:
 	// "" in production; tests pass a short random one ("t1a2b_") so parallel
 	// tests in one cluster never collide. Lowercase letters, digits and _.
@@ -141,13 +138,21 @@ func lock(ctx context.Context, conn *pgx.Conn, name string) error {
 // by the reader LOGIN role, whose password it sets. It returns the reader's
 // URL. Running it again is safe and resets the reader's password.
 func (o *Ops) BootstrapRegistry(ctx context.Context, readerPassword string) (readerURL string, err error) {
+	return o.bootstrapRegistry(ctx, &readerPassword)
+}
+
+// bootstrapRegistry is BootstrapRegistry; a nil password leaves the reader's
+// as it is (MigrateRegistry).
+func (o *Ops) bootstrapRegistry(ctx context.Context, readerPassword *string) (readerURL string, err error) {
 	c, err := o.cluster()
 	if err != nil {
 		return "", err
 	}
-	pwClause, err := passwordClause(readerPassword)
-	if err != nil {
-		return "", fmt.Errorf("provision: registry reader password: %w", err)
+	var pwClause string
+	if readerPassword != nil {
+		if pwClause, err = passwordClause(*readerPassword); err != nil {
+			return "", fmt.Errorf("provision: registry reader password: %w", err)
+		}
 	}
 	admin, err := c.connect(ctx, "")
 	if err != nil {
@@ -196,7 +201,10 @@ func (o *Ops) BootstrapRegistry(ctx context.Context, readerPassword string) (rea
 	if err != nil {
 		return "", fmt.Errorf("bootstrap registry: grant reader: %w", err)
 	}
-	return c.url(c.registryReader, readerPassword, c.registryDB), nil
+	if readerPassword == nil {
+		return "", nil
+	}
+	return c.url(c.registryReader, *readerPassword, c.registryDB), nil
 }
 
 // RegistryAdmin opens a connection to the registry database as the admin,

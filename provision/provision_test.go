@@ -32,7 +32,7 @@ func newOps(t *testing.T) (*provision.Ops, string) {
 		t.Fatal(err)
 	}
 	ops := &provision.Ops{AdminURL: adminURL, Sealer: sealer, Prefix: randomPrefix(),
-		BrainAccount: newAccount(t), SystemAccount: newAccount(t)}
+		Reserved: newReserved(t)}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -73,6 +73,11 @@ func newAccount(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return pub
+}
+
+// newReserved is a fresh set of operator accounts.
+func newReserved(t *testing.T) provision.ReservedAccounts {
+	return provision.ReservedAccounts{Brain: newAccount(t), Streams: newAccount(t), System: newAccount(t)}
 }
 
 // validSpec is a spec that passes validation: one rule with an action.
@@ -615,7 +620,7 @@ func TestNonSuperuserAdmin(t *testing.T) {
 func TestOpsRejectsNamesPostgresWouldTruncate(t *testing.T) {
 	t.Parallel()
 	ops := &provision.Ops{AdminURL: "postgres://x@127.0.0.1:1/postgres", Prefix: "sixteen_chars_pp",
-		BrainAccount: newAccount(t), SystemAccount: newAccount(t)}
+		Reserved: newReserved(t)}
 	sealer := must(registry.NewSealer(make([]byte, registry.KeySize)))
 	ops.Sealer = sealer
 	spec := validSpec(t, registry.TenantID(strings.Repeat("a", 48)))

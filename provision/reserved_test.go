@@ -9,18 +9,20 @@ import (
 	"n8nbrain/registry"
 )
 
-// A tenant registered with the BRAIN or the system account would have the
-// brain answer turns arriving on its own account as that tenant's, or hand a
-// tenant the server's administration: provisioning refuses both, and an Ops
+// A tenant registered with the BRAIN, STREAMS or system account would have
+// the brain answer turns arriving on its own account as that tenant's, name
+// its streams after every tenant's account, or hand a tenant the server's
+// administration: provisioning refuses all three, and an Ops
 // that does not know them creates no tenant at all.
-func TestCreateTenantRefusesTheBrainAndSystemAccounts(t *testing.T) {
+func TestCreateTenantRefusesTheOperatorsAccounts(t *testing.T) {
 	t.Parallel()
 	ops, _ := newOps(t)
 	for _, tc := range []struct {
 		name, account, want string
 	}{
-		{"Brain", ops.BrainAccount, "is the BRAIN account"},
-		{"System", ops.SystemAccount, "is the system account"},
+		{"Brain", ops.Reserved.Brain, "is the BRAIN account"},
+		{"Streams", ops.Reserved.Streams, "is the STREAMS account"},
+		{"System", ops.Reserved.System, "is the system account"},
 	} {
 		spec := validSpec(t, registry.TenantID("tenant-"+strings.ToLower(tc.name)))
 		spec.NATSAccount = tc.account
@@ -31,8 +33,8 @@ func TestCreateTenantRefusesTheBrainAndSystemAccounts(t *testing.T) {
 	}
 
 	blind := *ops
-	blind.BrainAccount = ""
-	if _, err := blind.CreateTenant(t.Context(), validSpec(t, "tenant-blind")); err == nil || !strings.Contains(err.Error(), "Ops.BrainAccount") {
+	blind.Reserved.Brain = ""
+	if _, err := blind.CreateTenant(t.Context(), validSpec(t, "tenant-blind")); err == nil || !strings.Contains(err.Error(), "BRAIN account's public key is required") {
 		t.Errorf("CreateTenant by an Ops that does not know the BRAIN account: %v, want it refused", err)
 	}
 

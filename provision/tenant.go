@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nkeys"
 
 	"n8nbrain/catalogue"
 	"n8nbrain/migrations"
@@ -85,30 +84,36 @@ const appConnLimit = 20
 // its registry row with the app password sealed. The spec is validated before
 // anything is created (a *SpecError says what is wrong); if a later step
 // fails, what this call created is dropped again. A tenant already in the
-// registry is an error wrapping ErrTenantExists.
+// registry is an error wrapping ErrTenantExists. The database is created on
+// the registry's cluster (CreateTenantOn takes another).
 func (o *Ops) CreateTenant(ctx context.Context, spec TenantSpec) (*Tenant, error) {
-	c, err := o.cluster()
+	return o.CreateTenantOn(ctx, spec, Cluster{})
+}
+
+// CreateTenantOn is CreateTenant with the tenant's database, roles and
+// grants on cluster cl, and the registry row (naming cl's Host and Port) in
+// the registry of Ops' cluster.
+func (o *Ops) CreateTenantOn(ctx context.Context, spec TenantSpec, cl Cluster) (*Tenant, error) {
+	rc, err := o.cluster()
+	if err != nil {
+		return nil, err
+	}
+	c, err := o.tenantCluster(cl)
 	if err != nil {
 		return nil, err
 	}
 	if c.sealer == nil {
 		return nil, errors.New("provision: Ops.Sealer is required to create a tenant")
 	}
-	if !nkeys.IsValidPublicAccountKey(o.BrainAccount) || !nkeys.IsValidPublicAccountKey(o.SystemAccount) {
-		return nil, errors.New("provision: Ops.BrainAccount and Ops.SystemAccount (account public keys) are required to create a tenant: " +
-			"a tenant must never be registered with either")
+	if err := o.Reserved.Known(); err != nil {
+		return nil, fmt.Errorf("provision: Ops.Reserved is required to create a tenant, so that none is registered with an operator account: %w", err)
 	}
 	spec, err = validateSpec(spec)
 	if err != nil {
 		return nil, err
 	}
-	switch spec.NATSAccount {
-	case o.BrainAccount:
-		return nil, &SpecError{Tenant: spec.ID, Problems: []string{
-			fmt.Sprintf("NATS account %s of tenant %s is the BRAIN account: a tenant needs an account of its own", spec.NATSAccount, spec.ID)}}
-	case o.SystemAccount:
-		return nil, &SpecError{Tenant: spec.ID, Problems: []string{
-			fmt.Sprintf("NATS account %s of tenant %s is the system account: a tenant needs an account of its own", spec.NATSAccount, spec.ID)}}
+	if err := o.Reserved.CheckTenantAccount(spec.ID, spec.NATSAccount); err != nil {
+		return nil, err
 	}
 	n, err := c.tenantNames(spec.ID)
 	if err != nil {
@@ -125,7 +130,7 @@ func (o *Ops) CreateTenant(ctx context.Context, spec TenantSpec) (*Tenant, error
 	if err := lock(ctx, admin, "tenant:"+n.db); err != nil {
 		return nil, fmt.Errorf("create tenant %s: %w", spec.ID, err)
 	}
-	reg, err := c.registryAdmin(ctx)
+	reg, err := rc.registryAdmin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("create tenant %s: %w", spec.ID, err)
 	}
@@ -309,39 +314,9 @@ func (o *Ops) RepairTenantRole(ctx context.Context, id registry.TenantID) error 
 
 // MigrateTenant applies the tenant migrations an existing tenant database has
 // not had yet, as its owner, and re-applies the app role's grants: the
-// upgrade path after a release adds migrations.
+// upgrade path after a release adds migrations. The database is on the
+// registry's cluster (MigrateTenantOn takes another).
 func (o *Ops) MigrateTenant(ctx context.Context, id registry.TenantID) error {
-	c, err := o.cluster()
-	if err != nil {
-		return err
-	}
-	reg, err := c.registryAdmin(ctx)
-	if err != nil {
-		return fmt.Errorf("migrate tenant %s: %w", id, err)
-	}
-	defer reg.Close(context.WithoutCancel(ctx))
-	t, err := registry.TenantGet(ctx, reg, id)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("migrate tenant %s: not in the registry", id)
-	}
-	if err != nil {
-		return fmt.Errorf("migrate tenant %s: %w", id, err)
-	}
-	// The registry row names the database and app role; the owner is
-	// whoever owns the database. Asked as the admin in the maintenance
-	// database: the registry's own hides pg_database (hideCluster).
-	admin, err := c.connect(ctx, "")
-	if err != nil {
-		return fmt.Errorf("migrate tenant %s: %w", id, err)
-	}
-	defer admin.Close(context.WithoutCancel(ctx))
-	var owner string
-	err = admin.QueryRow(ctx, `SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = $1`, t.DB.Name).Scan(&owner)
-	if err != nil {
-		return fmt.Errorf("migrate tenant %s: look up database %s: %w", id, t.DB.Name, err)
-	}
-	if err := migrateTenantDB(ctx, c, tenantNames{owner: owner, app: t.DB.User, db: t.DB.Name}); err != nil {
-		return fmt.Errorf("migrate tenant %s: %w", id, err)
-	}
-	return nil
+	_, err := o.MigrateTenantOn(ctx, id, Cluster{})
+	return err
 }

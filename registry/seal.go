@@ -14,15 +14,42 @@ import (
 // The tenant id is the additional data, so a sealed password copied to
 // another tenant's row does not open. The key is held by the brain and the
 // ops tool only, never stored in the registry.
+//
+// A sealer has one current key, which seals, and may have previous keys,
+// which only open: during a rotation of the sealing key the brains hold
+// both, so a password opens whether it has been re-sealed yet or not
+// (GCM's tag tells a wrong key from the right one; nothing else marks which
+// key sealed a value). Reseal moves a value to the current key.
 type Sealer struct {
-	aead cipher.AEAD
+	aead     cipher.AEAD
+	previous []cipher.AEAD
 }
 
 // KeySize is the sealing key's length in bytes.
 const KeySize = 32
 
-// NewSealer returns a sealer for a 32-byte key.
-func NewSealer(key []byte) (*Sealer, error) {
+// NewSealer returns a sealer that seals with key and opens values sealed
+// with key or with any of the previous keys (a rotation in progress).
+func NewSealer(key []byte, previous ...[]byte) (*Sealer, error) {
+	aead, err := newAEAD(key)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sealer{aead: aead}
+	for i, p := range previous {
+		if len(p) == 0 {
+			continue
+		}
+		a, err := newAEAD(p)
+		if err != nil {
+			return nil, fmt.Errorf("previous sealing key %d: %w", i+1, err)
+		}
+		s.previous = append(s.previous, a)
+	}
+	return s, nil
+}
+
+func newAEAD(key []byte) (cipher.AEAD, error) {
 	if len(key) != KeySize {
 		return nil, fmt.Errorf("sealing key must be %d bytes, got %d", KeySize, len(key))
 	}
@@ -30,11 +57,7 @@ func NewSealer(key []byte) (*Sealer, error) {
 	if err != nil {
 		return nil, err
 	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, err
-	}
-	return &Sealer{aead: aead}, nil
+	return cipher.NewGCM(block)
 }
 
 // ParseKey decodes a key written as 64 hex characters.
@@ -55,7 +78,7 @@ func NewKey() string {
 	return hex.EncodeToString(b)
 }
 
-// Seal encrypts a password for a tenant: nonce || ciphertext.
+// Seal encrypts a password for a tenant with the current key: nonce || ciphertext.
 func (s *Sealer) Seal(id TenantID, plaintext []byte) []byte {
 	nonce := make([]byte, s.aead.NonceSize(), s.aead.NonceSize()+len(plaintext)+s.aead.Overhead())
 	if _, err := rand.Read(nonce); err != nil {
@@ -67,13 +90,62 @@ func (s *Sealer) Seal(id TenantID, plaintext []byte) []byte {
 // ErrUnseal means a sealed value does not open with this key for this tenant.
 var ErrUnseal = errors.New("sealed credential does not open with this key for this tenant")
 
-// Open decrypts a sealed password of a tenant.
+// Open decrypts a sealed password of a tenant, with the current key or a
+// previous one.
 func (s *Sealer) Open(id TenantID, sealed []byte) ([]byte, error) {
-	n := s.aead.NonceSize()
-	if len(sealed) < n+s.aead.Overhead() {
+	pt, _, err := s.open(id, sealed)
+	return pt, err
+}
+
+// Sealing says which of a sealer's keys opens a sealed value.
+type Sealing string
+
+const (
+	SealedCurrent  Sealing = "current"
+	SealedPrevious Sealing = "previous"
+	// SealedUnknown: neither key opens it (another key, or another tenant's value).
+	SealedUnknown Sealing = "unknown"
+)
+
+// Which reports which key opens a tenant's sealed value.
+func (s *Sealer) Which(id TenantID, sealed []byte) Sealing {
+	_, w, _ := s.open(id, sealed)
+	return w
+}
+
+// Reseal returns the value sealed with the current key: sealed itself when
+// the current key already opens it (changed false), else the password
+// opened with a previous key and sealed again. A value no key opens is
+// ErrUnseal.
+func (s *Sealer) Reseal(id TenantID, sealed []byte) (resealed []byte, changed bool, err error) {
+	pt, w, err := s.open(id, sealed)
+	if err != nil {
+		return nil, false, err
+	}
+	if w == SealedCurrent {
+		return sealed, false, nil
+	}
+	return s.Seal(id, pt), true, nil
+}
+
+func (s *Sealer) open(id TenantID, sealed []byte) ([]byte, Sealing, error) {
+	if pt, err := openWith(s.aead, id, sealed); err == nil {
+		return pt, SealedCurrent, nil
+	}
+	for _, a := range s.previous {
+		if pt, err := openWith(a, id, sealed); err == nil {
+			return pt, SealedPrevious, nil
+		}
+	}
+	return nil, SealedUnknown, ErrUnseal
+}
+
+func openWith(a cipher.AEAD, id TenantID, sealed []byte) ([]byte, error) {
+	n := a.NonceSize()
+	if len(sealed) < n+a.Overhead() {
 		return nil, ErrUnseal
 	}
-	pt, err := s.aead.Open(nil, sealed[:n], sealed[n:], []byte(id))
+	pt, err := a.Open(nil, sealed[:n], sealed[n:], []byte(id))
 	if err != nil {
 		return nil, ErrUnseal
 	}

@@ -99,7 +99,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	}
 	s.SealingKey = key
 	s.Ops = &provision.Ops{AdminURL: cfg.AdminURL, Sealer: sealer, Prefix: cfg.Prefix,
-		BrainAccount: ids.Brain.Public, SystemAccount: ids.System.Public}
+		Reserved: provision.ReservedAccounts{Brain: ids.Brain.Public, Streams: ids.Streams.Public, System: ids.System.Public}}
 	s.RegistryURL, err = s.Ops.BootstrapRegistry(ctx, sec.RegistryPassword)
 	if err != nil {
 		s.Close()

@@ -304,7 +304,7 @@ func Init(ctx context.Context, o InitOptions, log *slog.Logger) (*InitResult, er
 		return nil, err
 	}
 	ops := &provision.Ops{AdminURL: o.AdminURL, Host: o.DBHost, Port: o.DBPort, Sealer: sealer, Prefix: o.Prefix,
-		BrainAccount: ids.Brain.Public, SystemAccount: ids.System.Public}
+		Reserved: provision.ReservedAccounts{Brain: ids.Brain.Public, Streams: ids.Streams.Public, System: ids.System.Public}}
 	res := &InitResult{BrainNATS: ids.Brain.Public}
 
 	res.RegistryURL, err = bootstrapWithRetry(ctx, ops, sec.RegistryPassword, o.DBWait, log)

@@ -133,10 +133,11 @@ func (o *Operator) BrainAccount(seed []byte, streams *Account) (*Account, error)
 	})
 }
 
-// streamedResponseThreshold is how long the server keeps the way back of
+// StreamedResponseThreshold is how long the server keeps the way back of
 // a streamed response (a pull request's messages and heartbeats) without
-// traffic: longer than the brain's pull heartbeat.
-const streamedResponseThreshold = 2 * time.Minute
+// traffic: longer than the brain's pull heartbeat. The nsc script sets the
+// same (RESPONSE_THRESHOLD in deploy/nsc-streams-account.sh).
+const StreamedResponseThreshold = 2 * time.Minute
 
 func export(e subjects.Export) *jwt.Export {
 	x := &jwt.Export{Name: e.Name, Subject: jwt.Subject(e.Subject), Type: jwt.Stream, AccountTokenPosition: e.TokenPosition, TokenReq: e.Private}
@@ -145,7 +146,7 @@ func export(e subjects.Export) *jwt.Export {
 	}
 	if e.Streamed {
 		x.ResponseType = jwt.ResponseTypeStream
-		x.ResponseThreshold = streamedResponseThreshold
+		x.ResponseThreshold = StreamedResponseThreshold
 	}
 	return x
 }

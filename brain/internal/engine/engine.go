@@ -39,8 +39,9 @@ const (
 )
 
 // ConfidentRule is the rule confidence at and above which a rule match
-// decides alone, without the model.
-const ConfidentRule = 0.8
+// decides alone, without the model (registry.ConfidentRule, shared with the
+// ops tool's dry run).
+const ConfidentRule = registry.ConfidentRule
 
 // ActionState tracks a proposed action: pending (awaiting approval) → sent
 // (handed to n8n) → verifying (after an unknown outcome, a read-back was

@@ -16,38 +16,16 @@ func tenant(enabled ...catalogue.Name) *registry.Tenant {
 	return &registry.Tenant{ID: "t", CatalogueVersion: 1, EnabledActions: enabled, Categories: []string{"quote_request", "general"}}
 }
 
+// TestMatchRule: the engine triages with registry.FirstMatch (tested in
+// registry), and no e-mail means no match.
 func TestMatchRule(t *testing.T) {
 	t.Parallel()
-	rules := []registry.Rule{
-		{Name: "domain", Match: registry.Match{SenderDomains: []string{"acme.example"}}},
-		{Name: "address-and-subject", Match: registry.Match{SenderAddresses: []string{"Boss@Corp.example"}, SubjectKeywords: []string{"urgent"}}},
-		{Name: "body", Match: registry.Match{BodyKeywords: []string{"refund"}}},
+	rules := []registry.Rule{{Name: "domain", Match: registry.Match{SenderDomains: []string{"acme.example"}}}}
+	if got := matchRule(rules, &wire.Email{From: "Jo <jo@acme.example>"}); got == nil || got.Name != "domain" {
+		t.Fatalf("matched %v, want domain", got)
 	}
-	tests := []struct {
-		name string
-		mail wire.Email
-		want string
-	}{
-		{"Domain", wire.Email{From: "Jo <jo@acme.example>"}, "domain"},
-		{"Subdomain", wire.Email{From: "jo@mail.acme.example"}, "domain"},
-		{"LookalikeDomain", wire.Email{From: "jo@notacme.example"}, ""},
-		{"AllPredicatesMustHold", wire.Email{From: "boss@corp.example", Subject: "hello"}, ""},
-		{"CaseInsensitive", wire.Email{From: "BOSS@corp.example", Subject: "URGENT: call me"}, "address-and-subject"},
-		{"Body", wire.Email{From: "x@y.example", Body: "I want a Refund now"}, "body"},
-		{"FirstMatchWins", wire.Email{From: "jo@acme.example", Body: "refund"}, "domain"},
-		{"None", wire.Email{From: "x@y.example", Subject: "hi"}, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			got := matchRule(rules, &tt.mail)
-			if (got == nil && tt.want != "") || (got != nil && got.Name != tt.want) {
-				t.Fatalf("matched %v, want %q", got, tt.want)
-			}
-		})
-	}
-	if matchRule([]registry.Rule{{Name: "empty"}}, &wire.Email{From: "a@b"}) != nil {
-		t.Fatal("a rule without predicates matched")
+	if got := matchRule(rules, nil); got != nil {
+		t.Fatalf("no e-mail matched %v", got)
 	}
 }
 
