@@ -38,8 +38,15 @@ fi
 } | tee "$OUT/machine.txt"
 
 echo
-echo "== Go benchmarks: go test -run '^\$' -bench 'Turn|Floor' -benchtime ${N}x -count 1 ./tests/"
-go test -run '^$' -bench 'Turn|Floor' -benchtime "${N}x" -count 1 -timeout 30m ./tests/ | tee "$OUT/go.txt"
+GO_BENCH='^Benchmark(TurnBudget|Floor.*|Turn|TurnParallel|TurnReplay|TurnStages)$'
+echo "== Go benchmarks: go test -run '^\$' -bench '$GO_BENCH' -benchtime ${N}x -count 1 ./tests/"
+go test -run '^$' -bench "$GO_BENCH" -benchtime "${N}x" -count 1 -timeout 30m ./tests/ | tee "$OUT/go.txt"
+echo
+echo "== Where a turn's CPU goes: brain, edge and load client as processes of their own (BenchmarkTurnCPU, N=$N)"
+for sync in 0 1; do
+	BENCH_N="$N" BENCH_SYNC_ALWAYS="$sync" go test -run '^$' -bench '^BenchmarkTurnCPU$' -benchtime 1x -count 1 -timeout 30m -v ./tests/ |
+		sed "s/^BenchmarkTurnCPU/BenchmarkTurnCPU_sync$sync/" | tee -a "$OUT/go.txt"
+done
 echo
 echo "== Noisy neighbour (tenant isolation): one measurement of fixed length"
 go test -run '^$' -bench 'NoisyNeighbour' -benchtime 1x -count 1 -timeout 30m -v ./tests/ | tee -a "$OUT/go.txt"
@@ -113,6 +120,17 @@ END {
 		printf "  %-44s %10.0f us\n", "4 live reply -> edge -> HTTP 200 read", m[S, "4_live_edge_http_p50_us"]
 		printf "  %-44s %10.0f us\n", "brain: database shape of a turn (4 RTs)", m["BenchmarkTurnStages/pg_turn_4rt", "p50_us"]
 		printf "  %-44s %10.0f us\n", "brain: same writes pipelined (2 RTs)", m["BenchmarkTurnStages/pg_turn_2rt", "p50_us"]
+	}
+	for (sync = 0; sync <= 1; sync++) {
+		P = "BenchmarkTurnCPU_sync" sync
+		if (m[P, "floor_us"] == "") continue
+		print ""
+		printf "BenchmarkTurnCPU, %s: brain, edge, load as processes; floor %.0f us\n", sync ? "NATS sync_interval always (production durability)" : "NATS default fsync interval (dev stack)", m[P, "floor_us"]
+		printf "  %-12s %10s %10s %8s %12s %10s %10s %10s %10s\n", "callers", "turns/s", "p50 us", "/floor", "CPU/turn us", "brain", "edge", "nats", "postgres"
+		for (ci = 1; ci <= 2; ci++) {
+			c = ci == 1 ? "c1_" : "c16_"
+			printf "  %-12s %10.0f %10.0f %7.2fx %12.0f %10.0f %10.0f %10.0f %10.0f\n", ci == 1 ? "1" : "16", m[P, c "turns/s"], m[P, c "p50_us"], m[P, c "turn_over_floor"], m[P, c "cpu_total_us"], m[P, c "cpu_brain_us"], m[P, c "cpu_edge_us"], m[P, c "cpu_nats_us"], m[P, c "cpu_postgres_us"]
+		}
 	}
 	N = "BenchmarkNoisyNeighbour"
 	if (m[N, "a_quiet_p50_us"] != "") {
