@@ -510,7 +510,7 @@ func BenchmarkTurnReplay(b *testing.B) {
 // item, then BEGIN, one batch of three INSERTs, COMMIT: four round trips,
 // one commit); pg_turn_2rt the same writes pipelined in one implicit
 // transaction (two round trips, one commit). turn_http is the full turn with
-// a tap in the BRAIN account that timestamps the turn entering TURNS, the
+// a tap in the STREAMS account that timestamps the turn entering TURNS, the
 // brain publishing its reply and RESULTS republishing it live, so the p50 of
 // each stage is reported (the tap's own deliveries add a little to the turn).
 func BenchmarkTurnStages(b *testing.B) {
@@ -525,7 +525,7 @@ func BenchmarkTurnStages(b *testing.B) {
 	pool.Close()
 	bs.start()
 	b.Run("turn_http", func(b *testing.B) {
-		tp := newTap(b, bs.s)
+		tp := newTap(b, bs.s, bs.tn.Account.Public)
 		type sample struct {
 			key   string
 			t0    time.Time
@@ -601,7 +601,8 @@ func dbTurnShape(bs *benchStack, pool *pgxpool.Pool, pipelined bool) op {
 	}
 }
 
-// tap timestamps a turn's messages inside the BRAIN account.
+// tap timestamps a turn's messages inside the STREAMS account, where
+// TURNS and RESULTS store them.
 type tap struct {
 	mu sync.Mutex
 	at map[string]*tapStamps
@@ -609,9 +610,9 @@ type tap struct {
 
 type tapStamps struct{ turn, reply, live time.Time }
 
-func newTap(b *testing.B, s *system) *tap {
+func newTap(b *testing.B, s *system, tenant string) *tap {
 	b.Helper()
-	creds, err := account.UserCreds(s.stack.Brain, "bench-tap", account.RoleUnrestricted)
+	creds, err := account.UserCreds(s.stack.StreamsAccount, "bench-tap", account.RoleUnrestricted)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -625,8 +626,8 @@ func newTap(b *testing.B, s *system) *tap {
 	}
 	b.Cleanup(nc.Close)
 	tp := &tap{at: map[string]*tapStamps{}}
-	for _, prefix := range []string{"brain.turn.", "brain.reply.", "brain.live."} {
-		if _, err := nc.Subscribe(prefix+"*.*", func(m *nats.Msg) {
+	for i, subject := range []string{subjects.Turn(tenant, "*"), subjects.Reply(tenant, "*"), subjects.Live(tenant, "*")} {
+		if _, err := nc.Subscribe(subject, func(m *nats.Msg) {
 			now := time.Now()
 			key := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 			tp.mu.Lock()
@@ -636,10 +637,10 @@ func newTap(b *testing.B, s *system) *tap {
 				st = &tapStamps{}
 				tp.at[key] = st
 			}
-			switch prefix {
-			case "brain.turn.":
+			switch i {
+			case 0:
 				st.turn = now
-			case "brain.reply.":
+			case 1:
 				st.reply = now
 			default:
 				st.live = now
