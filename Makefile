@@ -46,6 +46,7 @@ bench:
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTurnSubmitRequest -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run '^$$' -fuzz FuzzScannerMatchesTheTokenWalk -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run '^$$' -fuzz FuzzTurnSubmitDecode -fuzztime $(FUZZTIME) ./edge/
 
 ## compose-config: validate compose.yaml and its NATS cluster override (needs the docker compose plugin, not a running daemon)

@@ -1,15 +1,15 @@
 package wire
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -69,23 +69,16 @@ func decode(data []byte, v any) error {
 	if rv.Kind() != reflect.Pointer || rv.IsNil() {
 		panic("wire.Decode: v must be a non-nil pointer")
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	c := checker{dec: dec, data: data}
-	if err := c.value(rv.Type().Elem(), ""); err != nil {
+	s := scanner{data: data}
+	if err := s.value(rv.Type().Elem(), nil); err != nil {
 		return err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	s.space()
+	if s.pos < len(s.data) {
 		return &DecodeError{Problem: "unexpected data after the JSON document"}
 	}
-	// Every string was checked on the way; what is left is outside them.
-	if !utf8.Valid(data) {
-		return &DecodeError{Problem: "document is not valid UTF-8"}
-	}
-	// The walk above proved the shape; the standard decoder fills the value.
-	std := json.NewDecoder(bytes.NewReader(data))
-	std.DisallowUnknownFields()
-	if err := std.Decode(v); err != nil {
+	// The scan proved the shape; the standard decoder fills the value.
+	if err := json.Unmarshal(data, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			return &DecodeError{Field: te.Field, Problem: "expected " + te.Type.String()}
@@ -95,10 +88,8 @@ func decode(data []byte, v any) error {
 	return nil
 }
 
-type checker struct {
-	dec  *json.Decoder
-	data []byte
-}
+// maxDepth is encoding/json's own limit on nesting.
+const maxDepth = 10000
 
 var (
 	rawMessageType  = reflect.TypeFor[json.RawMessage]()
@@ -106,244 +97,540 @@ var (
 	timeType        = reflect.TypeFor[time.Time]()
 )
 
-// token reads the next token; for a string (a key or a value) it checks the
-// literal as sent: valid UTF-8 and no lone surrogate escape.
-func (c *checker) token(path string) (json.Token, error) {
-	before := c.dec.InputOffset()
-	tok, err := c.dec.Token()
-	if err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, &DecodeError{Field: path, Problem: "unexpected end of document"}
-		}
-		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			return nil, &DecodeError{Field: path, Problem: fmt.Sprintf("syntax error at byte %d: %s", se.Offset, se.Error())}
-		}
-		return nil, &DecodeError{Field: path, Problem: "the document does not decode"}
-	}
-	if _, ok := tok.(string); ok {
-		lit := c.data[before:c.dec.InputOffset()]
-		if !utf8.Valid(lit) {
-			return nil, &DecodeError{Field: path, Problem: "is not valid UTF-8"}
-		}
-		if loneSurrogate(lit) {
-			return nil, &DecodeError{Field: path, Problem: "contains a lone UTF-16 surrogate escape (\\ud800 to \\udfff without its pair): it is no character"}
-		}
-	}
-	return tok, nil
+// typeInfo is what the scanner needs of a Go type, worked out once.
+type typeInfo struct {
+	unmarshaler bool                    // *T decodes itself (time.Time, …)
+	fields      map[string]reflect.Type // a struct's fields by exact json name
 }
 
-// key reads an object's key: a string token, checked as token does, with a
-// problem in the key itself reported as such.
-func (c *checker) key(path string) (string, error) {
-	tok, err := c.token(path)
-	if err != nil {
-		var de *DecodeError
-		if errors.As(err, &de) && de.Field == path && (strings.HasPrefix(de.Problem, "is not") || strings.HasPrefix(de.Problem, "contains")) {
-			de.Problem = "a key " + de.Problem
+var typeInfos sync.Map // reflect.Type → *typeInfo
+
+func infoOf(t reflect.Type) *typeInfo {
+	if ti, ok := typeInfos.Load(t); ok {
+		return ti.(*typeInfo)
+	}
+	ti := &typeInfo{unmarshaler: reflect.PointerTo(t).Implements(unmarshalerType)}
+	if t.Kind() == reflect.Struct {
+		ti.fields = map[string]reflect.Type{}
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			if _, dup := ti.fields[name]; !dup { // the first field of a name wins, as in structField
+				ti.fields[name] = f.Type
+			}
 		}
-		return "", err
 	}
-	key, ok := tok.(string)
-	if !ok {
-		return "", &DecodeError{Field: path, Problem: "object key is not a string"}
-	}
-	return key, nil
+	typeInfos.Store(t, ti)
+	return ti
 }
 
-// value checks the next JSON value against type t.
-func (c *checker) value(t reflect.Type, path string) error {
-	start := c.dec.InputOffset()
-	tok, err := c.token(path)
-	if err != nil {
-		return err
-	}
-	return c.valueFrom(tok, t, path, start)
+// path is where the scanner is: a chain of members and elements, rendered
+// as a dotted path ("email.to[2]") only when there is an error to report.
+type path struct {
+	up    *path
+	key   string
+	index int
+	elem  bool // an array element (index), else an object member (key)
 }
 
-// valueFrom checks a value whose first token is tok, read from start on.
-func (c *checker) valueFrom(tok json.Token, t reflect.Type, path string, start int64) error {
-	if tok == nil { // JSON null
-		switch t.Kind() {
-		case reflect.Pointer, reflect.Slice, reflect.Map, reflect.Interface:
-			return nil
-		}
-		if t == rawMessageType {
-			return nil
-		}
-		return &DecodeError{Field: path, Problem: "must not be null"}
+func (p *path) String() string {
+	if p == nil {
+		return ""
 	}
-	// Interfaces and raw messages are checked for duplicate keys only.
-	if t.Kind() == reflect.Interface || t == rawMessageType {
-		return c.any(tok, path)
+	if p.elem {
+		return p.up.String() + "[" + strconv.Itoa(p.index) + "]"
 	}
-	// Types with their own decoding (time.Time, …) are walked for duplicate
-	// keys, then decoded on their own, so that what they refuse is reported
-	// with its field.
-	if reflect.PointerTo(t).Implements(unmarshalerType) {
-		if err := c.any(tok, path); err != nil {
-			return err
-		}
-		raw := bytes.TrimLeft(c.data[start:c.dec.InputOffset()], " \t\r\n,:")
-		if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
-			if t == timeType {
-				return &DecodeError{Field: path, Problem: "expected an RFC 3339 date-time string such as \"2026-01-31T09:30:00Z\""}
-			}
-			return &DecodeError{Field: path, Problem: "is not a valid " + t.String()}
-		}
-		return nil
-	}
-	if t.Kind() == reflect.Pointer {
-		return c.valueFrom(tok, t.Elem(), path, start)
-	}
-	switch t.Kind() {
-	case reflect.Struct:
-		if tok != json.Delim('{') {
-			return typeError(path, "an object", tok)
-		}
-		return c.object(path, func(key, p string) error {
-			f, ok := structField(t, key)
-			if !ok {
-				return &DecodeError{Field: p, Problem: "unknown field"}
-			}
-			return c.value(f.Type, p)
-		})
-	case reflect.Map:
-		if tok != json.Delim('{') {
-			return typeError(path, "an object", tok)
-		}
-		if t.Key().Kind() != reflect.String {
-			return &DecodeError{Field: path, Problem: "unsupported map key type"}
-		}
-		return c.object(path, func(_, p string) error { return c.value(t.Elem(), p) })
-	case reflect.Slice, reflect.Array:
-		if tok != json.Delim('[') {
-			return typeError(path, "an array", tok)
-		}
-		for i := 0; c.dec.More(); i++ {
-			if t.Kind() == reflect.Array && i >= t.Len() {
-				return &DecodeError{Field: path, Problem: fmt.Sprintf("at most %d elements", t.Len())}
-			}
-			if err := c.value(t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
-		}
-		_, err := c.token(path) // ']'
-		return err
-	case reflect.String:
-		if _, ok := tok.(string); !ok {
-			return typeError(path, "a string", tok)
-		}
-		return nil
-	case reflect.Bool:
-		if _, ok := tok.(bool); !ok {
-			return typeError(path, "true or false", tok)
-		}
-		return nil
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		n, ok := tok.(json.Number)
-		if !ok {
-			return typeError(path, "an integer", tok)
-		}
-		i, err := strconv.ParseInt(n.String(), 10, 64)
-		if err != nil || i < minInt(t) || i > maxInt(t) {
-			return &DecodeError{Field: path, Problem: fmt.Sprintf("expected an integer in range, got %s", n)}
-		}
-		return nil
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		n, ok := tok.(json.Number)
-		if !ok {
-			return typeError(path, "a non-negative integer", tok)
-		}
-		u, err := strconv.ParseUint(n.String(), 10, 64)
-		if err != nil || u > maxUint(t) {
-			return &DecodeError{Field: path, Problem: fmt.Sprintf("expected a non-negative integer in range, got %s", n)}
-		}
-		return nil
-	case reflect.Float32, reflect.Float64:
-		n, ok := tok.(json.Number)
-		if !ok {
-			return typeError(path, "a number", tok)
-		}
-		f, err := n.Float64()
-		if err != nil || math.IsInf(f, 0) || (t.Kind() == reflect.Float32 && math.Abs(f) > math.MaxFloat32) {
-			return &DecodeError{Field: path, Problem: fmt.Sprintf("number %s out of range", n)}
-		}
-		return nil
-	}
-	return &DecodeError{Field: path, Problem: "unsupported type " + t.String()}
+	return joinPath(p.up.String(), p.key)
 }
 
-// object walks the members of an object whose '{' was already read,
-// rejecting duplicate keys, and calls member for each key.
-func (c *checker) object(path string, member func(key, path string) error) error {
-	seen := map[string]bool{}
-	for c.dec.More() {
-		key, err := c.key(path)
-		if err != nil {
-			return err
-		}
-		p := joinPath(path, key)
-		if seen[key] {
-			return &DecodeError{Field: p, Problem: "duplicate key"}
-		}
-		seen[key] = true
-		if err := member(key, p); err != nil {
-			return err
-		}
-	}
-	_, err := c.token(path) // '}'
-	return err
+// scanner checks a JSON document against a Go type in one pass over its
+// bytes, with encoding/json's grammar, and reports every problem as a
+// *DecodeError naming the field where encoding/json's tokenizer would
+// have met it.
+type scanner struct {
+	data  []byte
+	pos   int
+	depth int
+	// colon is set after an object's key, comma between an array's
+	// elements: the next value must be preceded by it, checked where the
+	// value is read (so a problem is reported where encoding/json's
+	// tokenizer reports it, after the key's or the length's own checks).
+	colon, comma bool
 }
 
-// any checks a value of unknown type for duplicate keys.
-func (c *checker) any(tok json.Token, path string) error {
-	switch tok {
-	case json.Delim('{'):
-		return c.object(path, func(_, p string) error {
-			t, err := c.token(p)
-			if err != nil {
-				return err
-			}
-			return c.any(t, p)
-		})
-	case json.Delim('['):
-		for i := 0; c.dec.More(); i++ {
-			t, err := c.token(path)
-			if err != nil {
-				return err
-			}
-			if err := c.any(t, fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
+func (s *scanner) space() {
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case ' ', '\t', '\n', '\r':
+			s.pos++
+		default:
+			return
 		}
-		_, err := c.token(path)
-		return err
+	}
+}
+
+// syntax is the error at s.pos: the end of the document, or a byte that
+// may not be there.
+func (s *scanner) syntax(p *path, context string) error {
+	if s.pos >= len(s.data) {
+		return &DecodeError{Field: p.String(), Problem: "unexpected end of document"}
+	}
+	c := s.data[s.pos]
+	what := fmt.Sprintf("invalid character %q", rune(c))
+	if c >= utf8.RuneSelf {
+		what = fmt.Sprintf("invalid byte 0x%02x", c)
+	}
+	return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("syntax error at byte %d: %s %s", s.pos+1, what, context)}
+}
+
+// start moves to the first byte of a value (past the colon after a key);
+// it fails at the end of the document.
+func (s *scanner) start(p *path) error {
+	s.space()
+	if s.comma {
+		if s.pos >= len(s.data) || s.data[s.pos] != ',' {
+			return s.syntax(p, "after array element")
+		}
+		s.comma = false
+		s.pos++
+		s.space()
+	}
+	if s.colon {
+		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
+			return s.syntax(p, "after object key")
+		}
+		s.colon = false
+		s.pos++
+		s.space()
+	}
+	if s.pos >= len(s.data) {
+		return s.syntax(p, "")
 	}
 	return nil
 }
 
-func typeError(path, want string, tok json.Token) error {
-	return &DecodeError{Field: path, Problem: "expected " + want + ", got " + describe(tok)}
+// value checks the next value against type t.
+func (s *scanner) value(t reflect.Type, p *path) error {
+	if err := s.start(p); err != nil {
+		return err
+	}
+	c := s.data[s.pos]
+	if c == 'n' {
+		if err := s.literal(p, "null"); err != nil {
+			return err
+		}
+		switch t.Kind() {
+		case reflect.Pointer, reflect.Slice, reflect.Map, reflect.Interface:
+			return nil // json.RawMessage is a slice
+		}
+		return &DecodeError{Field: p.String(), Problem: "must not be null"}
+	}
+	// Interfaces and raw messages are checked for duplicate keys only.
+	if t.Kind() == reflect.Interface || t == rawMessageType {
+		return s.anyValue(p, p)
+	}
+	ti := infoOf(t)
+	// Types with their own decoding (time.Time, …) are walked for duplicate
+	// keys, then decoded on their own, so that what they refuse is reported
+	// with its field.
+	if ti.unmarshaler {
+		from := s.pos
+		if err := s.anyValue(p, p); err != nil {
+			return err
+		}
+		if err := json.Unmarshal(s.data[from:s.pos], reflect.New(t).Interface()); err != nil {
+			if t == timeType {
+				return &DecodeError{Field: p.String(), Problem: "expected an RFC 3339 date-time string such as \"2026-01-31T09:30:00Z\""}
+			}
+			return &DecodeError{Field: p.String(), Problem: "is not a valid " + t.String()}
+		}
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return s.value(t.Elem(), p)
+	case reflect.Struct:
+		if c != '{' {
+			return s.typeError(p, "an object")
+		}
+		return s.object(p, func(key string, mp *path) error {
+			ft, ok := ti.fields[key]
+			if !ok {
+				return &DecodeError{Field: mp.String(), Problem: "unknown field"}
+			}
+			return s.value(ft, mp)
+		})
+	case reflect.Map:
+		if c != '{' {
+			return s.typeError(p, "an object")
+		}
+		if t.Key().Kind() != reflect.String {
+			return &DecodeError{Field: p.String(), Problem: "unsupported map key type"}
+		}
+		return s.object(p, func(_ string, mp *path) error { return s.value(t.Elem(), mp) })
+	case reflect.Slice, reflect.Array:
+		if c != '[' {
+			return s.typeError(p, "an array")
+		}
+		return s.array(p, func(i int) error {
+			if t.Kind() == reflect.Array && i >= t.Len() {
+				return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("at most %d elements", t.Len())}
+			}
+			return s.value(t.Elem(), &path{up: p, index: i, elem: true})
+		})
+	case reflect.String:
+		if c != '"' {
+			return s.typeError(p, "a string")
+		}
+		_, err := s.str(p, false)
+		return err
+	case reflect.Bool:
+		if c != 't' && c != 'f' {
+			return s.typeError(p, "true or false")
+		}
+		return s.scalar(p)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n, err := s.numberOr(p, "an integer")
+		if err != nil {
+			return err
+		}
+		i, err := strconv.ParseInt(string(n), 10, 64)
+		if err != nil || i < minInt(t) || i > maxInt(t) {
+			return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("expected an integer in range, got %s", n)}
+		}
+		return nil
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		n, err := s.numberOr(p, "a non-negative integer")
+		if err != nil {
+			return err
+		}
+		u, err := strconv.ParseUint(string(n), 10, 64)
+		if err != nil || u > maxUint(t) {
+			return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("expected a non-negative integer in range, got %s", n)}
+		}
+		return nil
+	case reflect.Float32, reflect.Float64:
+		n, err := s.numberOr(p, "a number")
+		if err != nil {
+			return err
+		}
+		f, err := strconv.ParseFloat(string(n), 64)
+		if err != nil || math.IsInf(f, 0) || (t.Kind() == reflect.Float32 && math.Abs(f) > math.MaxFloat32) {
+			return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("number %s out of range", n)}
+		}
+		return nil
+	}
+	return &DecodeError{Field: p.String(), Problem: "unsupported type " + t.String()}
 }
 
-func describe(tok json.Token) string {
-	switch v := tok.(type) {
-	case json.Delim:
-		if v == '{' {
-			return "an object"
+// typeError refuses the value at s.pos as not what was wanted. A scalar is
+// read whole first (its syntax, UTF-8 and escapes checked as any other), so
+// a broken literal is reported as such rather than as the wrong type.
+func (s *scanner) typeError(p *path, want string) error {
+	got := describe(s.data[s.pos])
+	if c := s.data[s.pos]; c != '{' && c != '[' {
+		if err := s.scalar(p); err != nil {
+			return err
 		}
+	}
+	return &DecodeError{Field: p.String(), Problem: "expected " + want + ", got " + got}
+}
+
+// numberOr reads a number, or refuses another value as not the number wanted.
+func (s *scanner) numberOr(p *path, want string) ([]byte, error) {
+	if c := s.data[s.pos]; c != '-' && (c < '0' || c > '9') {
+		return nil, s.typeError(p, want)
+	}
+	return s.number(p)
+}
+
+func describe(c byte) string {
+	switch {
+	case c == '{':
+		return "an object"
+	case c == '[':
 		return "an array"
-	case string:
+	case c == '"':
 		return "a string"
-	case bool:
+	case c == 't' || c == 'f':
 		return "a boolean"
-	case json.Number:
-		return "a number"
-	case nil:
+	case c == 'n':
 		return "null"
 	}
-	return fmt.Sprintf("%T", tok)
+	return "a number"
+}
+
+// object walks the members of the object at s.pos, rejecting duplicate
+// keys, and calls member for each (which reads the member's value).
+func (s *scanner) object(p *path, member func(key string, mp *path) error) error {
+	if s.depth++; s.depth > maxDepth {
+		return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("nested more than %d deep", maxDepth)}
+	}
+	s.pos++ // '{'
+	var few [16]string
+	seen := few[:0]
+	var many map[string]bool
+	s.space()
+	if s.pos < len(s.data) && s.data[s.pos] == '}' {
+		s.pos++
+		s.depth--
+		return nil
+	}
+	for {
+		s.space()
+		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
+			return s.syntax(p, "looking for beginning of object key string")
+		}
+		key, err := s.key(p)
+		if err != nil {
+			return err
+		}
+		mp := &path{up: p, key: key}
+		if many != nil {
+			if many[key] {
+				return &DecodeError{Field: mp.String(), Problem: "duplicate key"}
+			}
+			many[key] = true
+		} else {
+			if slices.Contains(seen, key) {
+				return &DecodeError{Field: mp.String(), Problem: "duplicate key"}
+			}
+			if seen = append(seen, key); len(seen) > len(few) {
+				many = make(map[string]bool, 2*len(seen))
+				for _, k := range seen {
+					many[k] = true
+				}
+			}
+		}
+		s.colon = true
+		if err := member(key, mp); err != nil {
+			return err
+		}
+		s.space()
+		if s.pos < len(s.data) && s.data[s.pos] == '}' {
+			s.pos++
+			s.depth--
+			return nil
+		}
+		if s.pos >= len(s.data) || s.data[s.pos] != ',' {
+			return s.syntax(p, "after object key:value pair")
+		}
+		s.pos++
+	}
+}
+
+// array walks the elements of the array at s.pos, calling element for
+// each (which reads it), the way encoding/json's tokenizer walks it: an
+// element is read while the next byte does not end an array or object, and
+// the comma before it is checked where the element's first token is read.
+func (s *scanner) array(p *path, element func(i int) error) error {
+	if s.depth++; s.depth > maxDepth {
+		return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("nested more than %d deep", maxDepth)}
+	}
+	s.pos++ // '['
+	for i := 0; s.more(); i++ {
+		s.comma = i > 0
+		if err := element(i); err != nil {
+			return err
+		}
+	}
+	if s.pos >= len(s.data) || s.data[s.pos] != ']' {
+		return s.syntax(p, "after array element")
+	}
+	s.pos++
+	s.depth--
+	return nil
+}
+
+// more reports whether another element follows (json.Decoder.More).
+func (s *scanner) more() bool {
+	s.space()
+	return s.pos < len(s.data) && s.data[s.pos] != ']' && s.data[s.pos] != '}'
+}
+
+// anyValue checks a value of unknown type for duplicate keys (and its
+// strings as any other). at is where its first token is reported, in the
+// path of its nested members and elements.
+func (s *scanner) anyValue(at, in *path) error {
+	if err := s.start(at); err != nil {
+		return err
+	}
+	switch s.data[s.pos] {
+	case '{':
+		return s.object(in, func(_ string, mp *path) error { return s.anyValue(mp, mp) })
+	case '[':
+		// An element's own token is reported at the array, as the walk
+		// this replaced did; what is inside it, at the element.
+		return s.array(in, func(i int) error { return s.anyValue(in, &path{up: in, index: i, elem: true}) })
+	}
+	return s.scalar(at)
+}
+
+// scalar reads a string, number or literal at s.pos.
+func (s *scanner) scalar(p *path) error {
+	switch c := s.data[s.pos]; {
+	case c == '"':
+		_, err := s.str(p, false)
+		return err
+	case c == 't':
+		return s.literal(p, "true")
+	case c == 'f':
+		return s.literal(p, "false")
+	case c == 'n':
+		return s.literal(p, "null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		_, err := s.number(p)
+		return err
+	}
+	return s.syntax(p, "looking for beginning of value")
+}
+
+func (s *scanner) literal(p *path, lit string) error {
+	for i := 0; i < len(lit); i++ {
+		if s.pos >= len(s.data) || s.data[s.pos] != lit[i] {
+			return s.syntax(p, "in literal "+lit)
+		}
+		s.pos++
+	}
+	return nil
+}
+
+func (s *scanner) number(p *path) ([]byte, error) {
+	d, from := s.data, s.pos
+	digits := func() bool {
+		if s.pos >= len(d) || d[s.pos] < '0' || d[s.pos] > '9' {
+			return false
+		}
+		for s.pos < len(d) && d[s.pos] >= '0' && d[s.pos] <= '9' {
+			s.pos++
+		}
+		return true
+	}
+	if d[s.pos] == '-' {
+		s.pos++
+	}
+	switch {
+	case s.pos < len(d) && d[s.pos] == '0':
+		s.pos++
+	case !digits():
+		return nil, s.syntax(p, "in numeric literal")
+	}
+	if s.pos < len(d) && d[s.pos] == '.' {
+		s.pos++
+		if !digits() {
+			return nil, s.syntax(p, "after decimal point in numeric literal")
+		}
+	}
+	if s.pos < len(d) && (d[s.pos] == 'e' || d[s.pos] == 'E') {
+		s.pos++
+		if s.pos < len(d) && (d[s.pos] == '+' || d[s.pos] == '-') {
+			s.pos++
+		}
+		if !digits() {
+			return nil, s.syntax(p, "in exponent of numeric literal")
+		}
+	}
+	return d[from:s.pos], nil
+}
+
+// key reads an object's key, checked as any string, with a problem in the
+// key itself reported as such, and returns it unescaped.
+func (s *scanner) key(p *path) (string, error) {
+	from := s.pos
+	escaped, err := s.str(p, true)
+	if err != nil {
+		return "", err
+	}
+	if !escaped {
+		return string(s.data[from+1 : s.pos-1]), nil
+	}
+	var key string
+	if err := json.Unmarshal(s.data[from:s.pos], &key); err != nil {
+		return "", &DecodeError{Field: p.String(), Problem: "a key does not decode"}
+	}
+	return key, nil
+}
+
+// str reads the string literal at s.pos and checks it as sent: its syntax
+// (escapes, no raw control characters), then valid UTF-8, then no lone
+// UTF-16 surrogate escape ("\ud800"), which encoding/json would silently
+// turn into U+FFFD. It reports whether the literal has escapes.
+func (s *scanner) str(p *path, isKey bool) (escaped bool, err error) {
+	d := s.data
+	from := s.pos + 1
+	ascii := true
+	i := from
+	for {
+		if i >= len(d) {
+			s.pos = i
+			return false, s.syntax(p, "")
+		}
+		c := d[i]
+		if c == '"' {
+			break
+		}
+		switch {
+		case c == '\\':
+			escaped = true
+			if i+1 >= len(d) {
+				s.pos = i + 1
+				return false, s.syntax(p, "")
+			}
+			switch d[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				for j := i + 2; j < i+6; j++ {
+					if j >= len(d) {
+						s.pos = j
+						return false, s.syntax(p, "")
+					}
+					if !isHex(d[j]) {
+						s.pos = j
+						return false, s.syntax(p, "in \\u hexadecimal character escape")
+					}
+				}
+				i += 6
+			default:
+				s.pos = i + 1
+				return false, s.syntax(p, "in string escape code")
+			}
+		case c < 0x20:
+			s.pos = i
+			return false, s.syntax(p, "in string literal")
+		default:
+			if c >= utf8.RuneSelf {
+				ascii = false
+			}
+			i++
+		}
+	}
+	s.pos = i + 1
+	lit := d[from:i]
+	prefix := ""
+	if isKey {
+		prefix = "a key "
+	}
+	if !ascii && !utf8.Valid(lit) {
+		return false, &DecodeError{Field: p.String(), Problem: prefix + "is not valid UTF-8"}
+	}
+	if escaped && loneSurrogate(lit) {
+		return false, &DecodeError{Field: p.String(), Problem: prefix + "contains a lone UTF-16 surrogate escape (\\ud800 to \\udfff without its pair): it is no character"}
+	}
+	return escaped, nil
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
 }
 
 // joinPath appends a key to a field path, the key escaped and cut to
@@ -437,28 +724,6 @@ func hex4(b []byte) rune {
 		return -1
 	}
 	return rune(n)
-}
-
-// structField finds the field whose json name is exactly key (encoding/json
-// would also accept a case-insensitive match; a strict decoder does not).
-func structField(t reflect.Type, key string) (reflect.StructField, bool) {
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		if !f.IsExported() {
-			continue
-		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		if name == key {
-			return f, true
-		}
-	}
-	return reflect.StructField{}, false
 }
 
 func minInt(t reflect.Type) int64 { return -1 << (t.Bits() - 1) }
