@@ -14,6 +14,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"n8nbrain/catalogue"
@@ -170,7 +172,28 @@ type ModelCall struct {
 // Engine decides turns.
 type Engine struct {
 	model Model
+	// rules caches each rule's admission (see admitRule).
+	rules     sync.Map // ruleKey → admitted
+	ruleCount atomic.Int64
 }
+
+// ruleKey names a rule of one registry entry of a tenant under one
+// catalogue version. A registry change gives the tenant a new
+// *registry.Tenant, and so new keys.
+type ruleKey struct {
+	tenant *registry.Tenant
+	rule   *registry.Rule
+	v      catalogue.Version
+}
+
+type admitted struct {
+	p   Proposal
+	err error
+}
+
+// maxCachedRules bounds the admission cache: entries of replaced registry
+// entries are dropped with everything else when it is full.
+const maxCachedRules = 4096
 
 // New returns an engine; model may be nil (rules only).
 func New(model Model) *Engine { return &Engine{model: model} }
@@ -217,7 +240,7 @@ func (e *Engine) fromRule(in *Input, r *registry.Rule) Outcome {
 	if r.Action == "" {
 		return Outcome{Assessment: a, Status: wire.WorkItemStatusOpen}
 	}
-	p, err := Admit(in.Tenant, in.Item.CatalogueVersion, r.Action, r.Params)
+	p, err := e.admitRule(in.Tenant, in.Item.CatalogueVersion, r)
 	if err != nil {
 		return Escalate(in, a, ReasonRuleActionNotEnabled)
 	}
@@ -225,6 +248,25 @@ func (e *Engine) fromRule(in *Input, r *registry.Rule) Outcome {
 		return Escalate(in, a, ReasonActionNotAdmitted)
 	}
 	return Proposed(a, p)
+}
+
+// admitRule is Admit of a rule's action. A rule's action and parameters,
+// and what its tenant enabled, are fixed for as long as the tenant's
+// registry entry is, so the parameters are checked against the catalogue
+// once per entry and version, not on every turn the rule decides.
+func (e *Engine) admitRule(t *registry.Tenant, v catalogue.Version, r *registry.Rule) (Proposal, error) {
+	k := ruleKey{tenant: t, rule: r, v: v}
+	if got, ok := e.rules.Load(k); ok {
+		a := got.(admitted)
+		return a.p, a.err
+	}
+	p, err := Admit(t, v, r.Action, r.Params)
+	if e.ruleCount.Add(1) > maxCachedRules {
+		e.rules.Clear()
+		e.ruleCount.Store(1)
+	}
+	e.rules.Store(k, admitted{p: p, err: err})
+	return p, err
 }
 
 // guard is the admission gate of everything the model stage proposes. It

@@ -355,3 +355,48 @@ func TestGuardAppliesAutoAutonomyOnlyWhereGrantedAndCurrent(t *testing.T) {
 		})
 	}
 }
+
+// TestRuleAdmissionFollowsTheRegistryEntry: a rule's admission is cached
+// per registry entry, so the same engine decides as the entry now says:
+// the rule's action admitted while enabled, escalated once a new entry
+// disables it, admitted again under an entry that enables it, and the
+// cache never grows past its bound.
+func TestRuleAdmissionFollowsTheRegistryEntry(t *testing.T) {
+	t.Parallel()
+	e := New(nil)
+	withRule := func(enabled ...catalogue.Name) *registry.Tenant {
+		tn := tenant(enabled...)
+		tn.Rules = []registry.Rule{{Name: "quotes", Match: registry.Match{SenderDomains: []string{"acme.example"}},
+			Category: "quote_request", Priority: "normal", Confidence: 0.95,
+			Action: catalogue.CloseItem, Params: json.RawMessage(`{"resolution":"done"}`)}}
+		return tn
+	}
+	decide := func(tn *registry.Tenant) Outcome {
+		t.Helper()
+		in := &Input{Tenant: tn, Item: Item{New: true, CatalogueVersion: 1, Email: &wire.Email{From: "jo@acme.example"}},
+			Request: &wire.TurnSubmitRequest{}}
+		out, err := e.Decide(context.Background(), in, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	on := withRule(catalogue.CloseItem, catalogue.EscalateItem)
+	for range 3 {
+		if out := decide(on); out.Action == nil || out.Action.Action.Name != catalogue.CloseItem || string(out.Action.Params) != `{"resolution":"done"}` {
+			t.Fatalf("enabled: %+v", out)
+		}
+	}
+	if out := decide(withRule(catalogue.EscalateItem)); out.Reason != ReasonRuleActionNotEnabled {
+		t.Fatalf("disabled by a new registry entry: %+v", out)
+	}
+	if out := decide(withRule(catalogue.CloseItem)); out.Action == nil || out.Action.Action.Name != catalogue.CloseItem {
+		t.Fatalf("enabled again: %+v", out)
+	}
+	for range maxCachedRules + 10 {
+		decide(withRule(catalogue.CloseItem))
+	}
+	if n := e.ruleCount.Load(); n > maxCachedRules {
+		t.Fatalf("%d cached admissions, bound %d", n, maxCachedRules)
+	}
+}
