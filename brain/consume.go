@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -116,7 +117,6 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 		_ = m.TermWithReason("malformed subject")
 		return
 	}
-	log := b.log.With("turn_key", key, "stream_seq", md.Sequence.Stream, "delivered", md.NumDelivered)
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.TurnTimeout)
 	defer cancel()
 	t, ok := b.dir.ByAccount(account)
@@ -126,44 +126,50 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 	}
 	ctx, span := b.startTurnSpan(ctx, q, md, tenant, start)
 	defer span.End()
-	log = telemetry.With(ctx, log)
+	// The turn's log attributes, formatted only for a line that is written
+	// (slog's With would format them on every turn, logged or not).
+	tl := turnLog{log: b.log, ctx: ctx, attrs: []slog.Attr{slog.String("turn_key", key),
+		slog.Uint64("stream_seq", md.Sequence.Stream), slog.Uint64("delivered", md.NumDelivered)}}
+	if a, traced := telemetry.LogAttr(ctx); traced {
+		tl.attrs = append(tl.attrs, a)
+	}
 
 	var ans turn.Answer
 	switch {
 	case !ok:
-		log.Warn("turn from an account the registry does not know; rejected", "account", account)
+		tl.at(slog.LevelWarn, "turn from an account the registry does not know; rejected", slog.String("account", account))
 		ans = b.proc.Refuse(m.Data(), &wire.Error{Code: wire.CodeForbidden, Reason: wire.ReasonUnknownTenant,
 			Message: "this NATS account is not a tenant of the brain"})
 	case t.Status != registry.TenantStatusActive:
-		log.Warn("turn from a disabled tenant; rejected", "tenant_id", t.ID)
+		tl.at(slog.LevelWarn, "turn from a disabled tenant; rejected", slog.String("tenant_id", string(t.ID)))
 		ans = b.proc.Refuse(m.Data(), &wire.Error{Code: wire.CodeForbidden, Reason: wire.ReasonTenantDisabled,
 			Message: "the tenant is disabled"})
 	default:
-		log = log.With("tenant_id", t.ID)
+		tl.attrs = append(tl.attrs, slog.String("tenant_id", string(t.ID)))
 		stop := keepAlive(m, q.ackWait)
 		ans, err = b.proc.Process(ctx, t, turn.Message{Key: key, Seq: md.Sequence.Stream, StoredAt: md.Timestamp, Data: m.Data()})
 		stop()
 		if errors.Is(err, turn.ErrCrash) {
-			log.Warn("turn abandoned by a test hook", "error", err)
+			tl.at(slog.LevelWarn, "turn abandoned by a test hook", slog.Any("error", err))
 			return
 		}
 		if err != nil {
 			telemetry.End(span, err)
 			if int(md.NumDelivered) < b.cfg.MaxDeliveries {
 				delay := redeliveryDelay(md.NumDelivered)
-				log.Warn("turn failed; will be retried", "error", err, "retry_in", delay.String())
+				tl.at(slog.LevelWarn, "turn failed; will be retried", slog.Any("error", err), slog.String("retry_in", delay.String()))
 				b.inst.turnDone(tenant, OutcomeRetried, "transient")
 				_ = m.NakWithDelay(delay)
 				return
 			}
-			log.Error("turn keeps failing; answered unavailable", "error", err)
+			tl.at(slog.LevelError, "turn keeps failing; answered unavailable", slog.Any("error", err))
 			ans = b.proc.Refuse(m.Data(), &wire.Error{Code: wire.CodeUnavailable, RetryAfter: 30,
 				Message: "the brain could not decide this turn now; submit the same turn again later"})
 		}
 	}
 	replyStart := time.Now()
 	if err := b.publishReply(ctx, account, key, md.Sequence.Stream, ans); err != nil {
-		log.Warn("publish reply failed; turn will be redelivered", "error", err)
+		tl.at(slog.LevelWarn, "publish reply failed; turn will be redelivered", slog.Any("error", err))
 		b.inst.turnDone(tenant, OutcomeDropped, "reply_not_stored")
 		telemetry.End(span, err)
 		_ = m.NakWithDelay(time.Second)
@@ -172,7 +178,7 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 	b.inst.observeStage(tenant, StageReply, time.Since(replyStart))
 	if err := m.Ack(); err != nil {
 		// The reply is stored; a redelivery replays it from the database.
-		log.Warn("ack turn", "error", err)
+		tl.at(slog.LevelWarn, "ack turn", slog.Any("error", err))
 	}
 	b.inst.answered(tenant, ans)
 	b.inst.observeStage(tenant, StageProcess, time.Since(start))
@@ -181,8 +187,22 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 		b.pending.kick(t)
 	}
 	annotateTurnSpan(span, ans)
-	log.Info("turn answered", "turn", ans.Turn, "ok", ans.OK, "replayed", ans.Replayed,
-		"duration_ms", float64(time.Since(start).Microseconds())/1000)
+	tl.at(slog.LevelInfo, "turn answered", slog.Int("turn", ans.Turn), slog.Bool("ok", ans.OK), slog.Bool("replayed", ans.Replayed),
+		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+}
+
+// turnLog writes a turn's log lines: its attributes, then the line's own.
+type turnLog struct {
+	log   *slog.Logger
+	ctx   context.Context
+	attrs []slog.Attr
+}
+
+func (l *turnLog) at(level slog.Level, msg string, extra ...slog.Attr) {
+	if !l.log.Enabled(l.ctx, level) {
+		return
+	}
+	l.log.LogAttrs(l.ctx, level, msg, append(l.attrs[:len(l.attrs):len(l.attrs)], extra...)...)
 }
 
 // startTurnSpan starts the turn's span on this replica, a child of the
