@@ -281,22 +281,28 @@ func (b *brain) publishReply(ctx context.Context, account, key string, seq uint6
 
 // keepAlive tells JetStream the turn is still being worked on, so a long
 // model call is not mistaken for a dead replica. It returns a stop function.
+// A timer, not a goroutine: most turns end long before the first beat.
 func keepAlive(m jetstream.Msg, ackWait time.Duration) func() {
 	every := ackWait / 3
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = m.InProgress()
-			}
+	var mu sync.Mutex
+	stopped := false
+	mu.Lock()
+	defer mu.Unlock()
+	var t *time.Timer
+	t = time.AfterFunc(every, func() {
+		_ = m.InProgress()
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(every)
 		}
-	}()
-	return func() { close(done) }
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // redeliveryDelay backs off transient failures: 1s, 2s, 4s … capped at 30s.

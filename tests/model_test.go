@@ -874,3 +874,36 @@ func TestRulesOnlyWithoutModel(t *testing.T) {
 	}
 	assertNoEmailInLogs(t, s, req.Email)
 }
+
+// A model call that outlasts the turn stream's ack wait (2 s in these
+// tests) several times over is not mistaken for a dead replica: the brain
+// tells JetStream it is still working, so the turn is not redelivered and
+// the call is made, and paid, once.
+func TestLongModelCallIsNotRedelivered(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(modelSpec("long-a"))
+	var slow sync.Once
+	fake := ollamafake.New(t, func(req *api.ChatRequest) ollamafake.Reply {
+		rep := answerFunc(goodClassify, goodDraft)(req)
+		slow.Do(func() {
+			release := make(chan struct{})
+			time.AfterFunc(7*time.Second, func() { close(release) }) // 3.5 ack waits
+			rep.Wait = release
+		})
+		return rep
+	})
+	s.startModelBrain("r1", fake, func(c *brain.Config) { c.Model.Timeout = 20 * time.Second })
+	ea := s.startEdge(a, func(c *edge.Config) { c.TurnWait = 30 * time.Second })
+	req := pergola("<long@customer.example>")
+	rep := ea.submit(req).reply(t)
+	if rep.Status != wire.WorkItemStatusAwaitingApproval || rep.Replayed {
+		t.Fatalf("decision %s", mustJSON(t, rep))
+	}
+	if fake.Calls() != 2 { // classify, draft
+		t.Fatalf("%d model calls, want 2: the turn was redelivered while its model call ran", fake.Calls())
+	}
+	if got := ledgerString(ledger(t, s.tenantDB(a), req.WorkItemID)); got != "classify:ok,draft:ok" {
+		t.Fatalf("ledger %s", got)
+	}
+}
