@@ -415,6 +415,9 @@ func loggedAt(d deps, level slog.Level, route string, next http.Handler) http.Ha
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), requestLogKey{}, rl)))
 		took := time.Since(start)
 		d.metrics.request(route, sw.status, rl.attrs, took)
+		if !d.logger.Enabled(r.Context(), level) {
+			return
+		}
 		attrs := append([]slog.Attr{
 			slog.String("route", route),
 			slog.Int("status", sw.status),
