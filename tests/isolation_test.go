@@ -475,6 +475,80 @@ func TestBacklogOfOneTenantDoesNotDelayAnother(t *testing.T) {
 	}
 }
 
+// brain_tenant_turns_queued follows a tenant's load: while its workers are
+// held, the turns its consumer handed over beyond them wait in the fair
+// scheduler (max_inflight 16 − BRAIN_TENANT_WORKERS 4 = 12), and once they
+// are released and the backlog is decided it falls back to none.
+func TestTenantQueueMetricFollowsLoad(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	b := s.tenant(spec("queue-b"))
+	ops, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B's turns stop after their commit until the gate opens: its workers
+	// stay busy, as with slow model calls.
+	gate := make(chan struct{})
+	var open sync.Once
+	s.startBrain("r1", func(c *brain.Config) {
+		c.OpsListener = ops
+		c.Workers, c.TenantWorkers = 16, 4
+		c.Hooks.AfterCommitFunc = func(tn registry.TenantID, _ string, _ int) error {
+			if tn == b.ID {
+				<-gate
+			}
+			return nil
+		}
+	})
+	t.Cleanup(func() { open.Do(func() { close(gate) }) }) // before the brain stops
+	metricsURL := "http://" + ops.Addr().String()
+	queued := func() float64 { return metricValue(t, metricsURL, `brain_tenant_turns_queued{tenant="queue-b"}`) }
+	inflight := func() float64 { return metricValue(t, metricsURL, `brain_tenant_turns_inflight{tenant="queue-b"}`) }
+	if q := queued(); q != 0 {
+		t.Fatalf("B has %v turns queued before it sent any", q)
+	}
+
+	const load = 100
+	bjs, _ := jetstream.New(s.tenantConn(b))
+	for i := range load {
+		req := quoteEmail(fmt.Sprintf("<q-%d@x>", i))
+		payload, _ := json.Marshal(req)
+		if _, err := bjs.PublishAsync(subjects.TurnLocal(subjects.TurnKey(req.WorkItemID, 1)), payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-bjs.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("B's turns were not accepted within 30s")
+	}
+	eventually(t, 30*time.Second, "B's turns to fill its workers and queue", func() bool {
+		return inflight() == 4 && queued() == 12
+	})
+	// JetStream keeps the rest: the consumer hands out no more than max_inflight.
+	cons, err := s.stack.Streams.JS.Consumer(context.Background(), subjects.TurnsStream(b.Account.Public), subjects.TurnsConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.NumAckPending != 16 || ci.NumPending != load-16 {
+		t.Fatalf("B's consumer has %d turns handed out and %d pending, want 16 and %d", ci.NumAckPending, ci.NumPending, load-16)
+	}
+	if q := queued(); q != 12 {
+		t.Fatalf("B's queue moved to %v while its workers were held", q)
+	}
+
+	open.Do(func() { close(gate) })
+	eventually(t, time.Minute, "B's backlog to be decided", func() bool {
+		return count(t, s.tenantDB(b), `SELECT count(*) FROM decisions`) == load
+	})
+	eventually(t, 30*time.Second, "B's queue to empty", func() bool { return queued() == 0 && inflight() == 0 })
+}
+
 // metricValue reads one sample (name with its labels, as exposed) from /metrics.
 func metricValue(t *testing.T, url, sample string) float64 {
 	t.Helper()
