@@ -415,10 +415,15 @@ func (r *relay) Result(ctx context.Context, key, fp string) (turnOutcome, error)
 	return turnOutcome{Body: body, Replayed: !first}, nil
 }
 
-// msgID is the Nats-Msg-Id of a turn. It is bound to the content (key and
-// fingerprint), so another tenant cannot guess it and shadow it in the
-// stream-wide dedupe table; a re-drive adds the sequence of the error it
-// replaces.
+// msgID is the Nats-Msg-Id of a turn. The dedupe table it is checked
+// against is the tenant's own turn stream's (TURNS_<account>, one per
+// tenant), so no other tenant's ids share it and the id needs no tenant in
+// it. It is bound to the content (key and fingerprint) so that, within the
+// tenant, a duplicate PubAck means this very payload was accepted before,
+// while another payload under the same key is a new message, which the
+// subject expectation refuses and the stored reply's fingerprint answers. A
+// re-drive adds the sequence of the error it replaces: each re-drive is one
+// new message, and concurrent re-drives of one error collapse into it.
 func msgID(key, fp string, redriveOf uint64) string {
 	id := key + "." + fp[:32]
 	if redriveOf > 0 {

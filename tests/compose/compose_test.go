@@ -5,11 +5,13 @@
 package compose
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -267,16 +270,38 @@ func (s *stack) checkPorts(t *testing.T) {
 	}
 }
 
+// shells are the names a shell goes by: none may be in a project image.
+var shells = []string{"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"}
+
 func (s *stack) checkProjectImages(t *testing.T) {
-	for _, svc := range []string{"brain", "edge", "init"} {
-		id := imageOfService(t, s, svc)
+	for _, img := range []struct{ svc, binary string }{
+		{"brain", "usr/local/bin/brain"}, {"edge", "usr/local/bin/edge"}, {"init", "usr/local/bin/devstack"},
+	} {
+		id := imageOfService(t, s, img.svc)
 		user := docker(t, "image", "inspect", "-f", "{{.Config.User}}", id)
 		if strings.TrimSpace(user) != "65532:65532" {
-			t.Errorf("%s image runs as %q, want 65532:65532", svc, strings.TrimSpace(user))
+			t.Errorf("%s image runs as %q, want 65532:65532", img.svc, strings.TrimSpace(user))
 		}
-		// No shell: the health checks run the binaries themselves.
-		if out, err := exec.Command("docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", id, "-c", "true").CombinedOutput(); err == nil {
-			t.Errorf("%s image has a shell:\n%s", svc, out)
+		// No shell: the health checks run the binaries themselves. The
+		// image's files as docker export lists them: its binary is there (so
+		// the listing is the image's), and nothing named like a shell is,
+		// in any folder, file or symbolic link.
+		files := imageFiles(t, id)
+		if !files[img.binary] {
+			t.Errorf("%s image: no /%s among its %d files; the listing is not of this image", img.svc, img.binary, len(files))
+		}
+		for name := range files {
+			if slices.Contains(shells, path.Base(name)) {
+				t.Errorf("%s image has a shell: /%s", img.svc, name)
+			}
+		}
+		// And starting one fails for that reason: docker run exits 127 only
+		// when the command cannot be found (125 is the engine's own failure,
+		// 126 a command that cannot be invoked).
+		out, err := exec.Command("docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", id, "-c", "true").CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 127 || !strings.Contains(string(out), "/bin/sh") {
+			t.Errorf("%s image: docker run --entrypoint /bin/sh: %v, want exit status 127 (not found) naming /bin/sh:\n%s", img.svc, err, out)
 		}
 	}
 	for _, svc := range []string{"brain", "edge"} {
@@ -285,6 +310,47 @@ func (s *stack) checkProjectImages(t *testing.T) {
 			t.Errorf("%s health check %s, want %s", svc, test, want)
 		}
 	}
+}
+
+// imageFiles lists every entry of an image's filesystem (paths without the
+// leading slash), from docker export of a container created from it and
+// never started.
+func imageFiles(t *testing.T, image string) map[string]bool {
+	t.Helper()
+	cid := strings.TrimSpace(docker(t, "create", "--network", "none", image))
+	defer func() {
+		if out, err := exec.Command("docker", "rm", "-f", cid).CombinedOutput(); err != nil {
+			t.Errorf("docker rm %s: %v\n%s", cid, err, out)
+		}
+	}()
+	cmd := exec.Command("docker", "export", cid)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("docker export: %v", err)
+	}
+	files := map[string]bool{}
+	tr := tar.NewReader(stdout)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("read docker export of %s: %v\n%s", image, err, stderr.Bytes())
+		}
+		files[strings.TrimPrefix(path.Clean("/"+h.Name), "/")] = true
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("docker export of %s: %v\n%s", image, err, stderr.Bytes())
+	}
+	return files
 }
 
 func imageOfService(t *testing.T, s *stack, svc string) string {
