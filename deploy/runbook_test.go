@@ -265,11 +265,15 @@ func (rb *runbook) exec(next interp.ExecHandlerFunc) interp.ExecHandlerFunc {
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", cfg.Addr)
-			if err != nil {
-				return err
-			}
-			return rb.process(ctx, func(ctx context.Context) error { return edge.Serve(ctx, ln, cfg, log.With("program", "edge")) })
+			return rb.process(ctx, func(ctx context.Context) error {
+				// Listening is part of the program: a second edge on the
+				// same address is a job that fails, as the real one would.
+				ln, err := net.Listen("tcp", cfg.Addr)
+				if err != nil {
+					return err
+				}
+				return edge.Serve(ctx, ln, cfg, log.With("program", "edge"))
+			})
 		case "kill-job":
 			j, probe, ok := rb.job(args)
 			if !ok {
