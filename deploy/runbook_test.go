@@ -202,14 +202,25 @@ func newRunbook(t *testing.T) *runbook {
 // run runs one block; a failing command fails the test, naming the block.
 func (rb *runbook) run(b runbookBlock) {
 	rb.t.Helper()
-	f, err := syntax.NewParser().Parse(strings.NewReader(b.code), fmt.Sprintf("README.md:%d", b.line))
+	if err := rb.try(b, false); err != nil {
+		rb.t.Fatalf("README.md:%d (%s block) failed: %v\n%s", b.line, b.kind, err, tail(rb.out.String(), 4000))
+	}
+}
+
+// try runs one block and returns its failure. In a subshell, a failure
+// ends the block only and its variables stay its own.
+func (rb *runbook) try(b runbookBlock, subshell bool) error {
+	rb.t.Helper()
+	code := b.code
+	if subshell {
+		code = "(\n" + code + ")\n"
+	}
+	f, err := syntax.NewParser().Parse(strings.NewReader(code), fmt.Sprintf("README.md:%d", b.line))
 	if err != nil {
 		rb.t.Fatalf("README.md:%d: %v", b.line, err)
 	}
 	fmt.Fprintf(&rb.out, "\n### README.md:%d (%s %s)\n", b.line, b.kind, b.name)
-	if err := rb.r.Run(rb.ctx, f); err != nil {
-		rb.t.Fatalf("README.md:%d (%s block) failed: %v\n%s", b.line, b.kind, err, tail(rb.out.String(), 4000))
-	}
+	return rb.r.Run(rb.ctx, f)
 }
 
 func tail(s string, n int) string {
@@ -254,11 +265,15 @@ func (rb *runbook) exec(next interp.ExecHandlerFunc) interp.ExecHandlerFunc {
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", cfg.Addr)
-			if err != nil {
-				return err
-			}
-			return rb.process(ctx, func(ctx context.Context) error { return edge.Serve(ctx, ln, cfg, log.With("program", "edge")) })
+			return rb.process(ctx, func(ctx context.Context) error {
+				// Listening is part of the program: a second edge on the
+				// same address is a job that fails, as the real one would.
+				ln, err := net.Listen("tcp", cfg.Addr)
+				if err != nil {
+					return err
+				}
+				return edge.Serve(ctx, ln, cfg, log.With("program", "edge"))
+			})
 		case "kill-job":
 			j, probe, ok := rb.job(args)
 			if !ok {
@@ -363,38 +378,76 @@ func runNATS(ctx context.Context, conf string) error {
 // runbook's own file. Without -tags nsc the nsc blocks are stood in for by
 // the same identities made with package account and pushed to the
 // server's resolver; with it, they run the real nsc.
+//
+// Every block runs twice in a row, and the second run must leave the
+// files, the registry and the running programs as the first did (re-running
+// any step is safe). After each rotation the old user's .creds are refused
+// and its open connection is closed; re-running the onboarding that made
+// that user is refused and un-revokes nothing.
 func TestRunbook(t *testing.T) {
 	blocks := runbookBlocks(t)
 	rb := newRunbook(t)
 	rb.stands = newStandIns(rb)
+	named := map[string]runbookBlock{}
+	for _, b := range blocks {
+		if b.name != "" {
+			named[b.name] = b
+		}
+	}
+	// The users each rotation replaces: their .creds are kept before the
+	// new user's are installed over them, to try once they are revoked.
+	rotated := map[string]struct{ made, revoked, user string }{
+		"edge":  {made: "tenant-acme", revoked: "revoke-edge", user: "creds/acme-edge.creds"},
+		"brain": {made: "accounts", revoked: "revoke-brain", user: "creds/brain.creds"},
+	}
+	old := map[string]string{}      // rotated user → a copy of its .creds
+	watch := map[string]*userConn{} // rotated user → a connection it holds until revoked
 	ran := map[string]int{}
 	for _, b := range blocks {
-		switch {
-		case b.kind == "manual":
+		if b.kind == "manual" {
 			ran["manual (not run)"]++
 			continue
-		case b.kind == "nsc" && !realNSC:
-			rb.stands.run(b.name)
-			ran["nsc (stood in)"]++
-			continue
 		}
-		rb.run(b)
-		ran[b.kind]++
+		for who, r := range rotated {
+			if b.name == r.revoked {
+				watch[who] = rb.connectAs(old[who], who)
+			}
+		}
+		rb.step(b)
+		first := rb.state()
+		rb.step(b)
+		rb.sameState(b, "running the block again", first, rb.state())
+		switch {
+		case b.kind == "nsc" && !realNSC:
+			ran["nsc (stood in), twice"]++
+		default:
+			ran[b.kind+", twice"]++
+		}
+		for who, r := range rotated {
+			switch b.name {
+			case r.made:
+				old[who] = rb.keep(r.user)
+			case r.revoked:
+				watch[who].wantClosed(t)
+				rb.wantRefused(old[who], who)
+				// Onboarding again would issue the revoked user anew: refused.
+				before := rb.state()
+				if err := rb.stepErr(named[r.made]); err == nil {
+					t.Fatalf("README.md:%d (nsc %s) run again after %s's revocation succeeded: it must refuse the revoked user", named[r.made].line, r.made, who)
+				}
+				rb.sameState(named[r.made], "the refused re-run after "+who+"'s revocation", before, rb.state())
+				rb.wantRefused(old[who], who)
+			}
+		}
 	}
 	t.Logf("runbook blocks: %v", ran)
-	if ran["shell"] < 10 {
-		t.Fatalf("only %d shell blocks ran: the runbook lost its markers?", ran["shell"])
+	if ran["shell, twice"] < 10 {
+		t.Fatalf("only %d shell blocks ran: the runbook lost its markers?", ran["shell, twice"])
 	}
 
 	// After offboarding: no tenant in the registry, its database gone.
 	c := &strings.Builder{}
-	code := admin.Main(context.Background(), []string{"tenant", "list", "--json"}, admin.Env{Getenv: func(k string) string {
-		v := rb.r.Vars[k]
-		if v.IsSet() {
-			return v.String()
-		}
-		return ""
-	}, Stdout: c, Stderr: c})
+	code := admin.Main(context.Background(), []string{"tenant", "list", "--json"}, admin.Env{Getenv: rb.getenv, Stdout: c, Stderr: c})
 	if code != 0 || !strings.Contains(c.String(), `"tenants": []`) {
 		t.Fatalf("tenants after offboarding: exit %d\n%s", code, c)
 	}

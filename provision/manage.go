@@ -77,8 +77,9 @@ func ValidateSpec(s TenantSpec) (TenantSpec, error) { return validateSpec(s) }
 // UpdateTenant changes a tenant's settings and rules: edit gets the spec of
 // the registry row and changes it; the result is validated as a new tenant's
 // would be (a *SpecError says what is wrong, and nothing changes) and
-// written in one transaction. The id, NATS account and database cannot
-// change. It returns the row before and after.
+// written in one transaction; what is as it was is not written again. The
+// id, NATS account and database cannot change. It returns the row before
+// and after.
 func (o *Ops) UpdateTenant(ctx context.Context, id registry.TenantID, edit func(*TenantSpec) error) (before, after registry.Tenant, err error) {
 	reg, err := o.RegistryAdmin(ctx)
 	if err != nil {
@@ -115,8 +116,12 @@ func (o *Ops) UpdateTenant(ctx context.Context, id registry.TenantID, edit func(
 		row.CatalogueVersion, row.EnabledActions, row.Categories = spec.CatalogueVersion, spec.EnabledActions, spec.Categories
 		row.ModelName, row.ModelOptions, row.DailyTokenBudget = spec.ModelName, spec.ModelOptions, spec.DailyTokenBudget
 		row.Quota = spec.Quota
-		if _, err := registry.TenantUpdate(ctx, tx, row); err != nil {
-			return err
+		// Settings as they were are not written again: re-running an
+		// update changes nothing, updated_at included.
+		if !sameSettings(before, row) {
+			if _, err := registry.TenantUpdate(ctx, tx, row); err != nil {
+				return err
+			}
 		}
 		if !sameRules(before.Rules, spec.Rules) {
 			if err := registry.RulesReplace(ctx, tx, id, spec.Rules); err != nil {
@@ -127,6 +132,22 @@ func (o *Ops) UpdateTenant(ctx context.Context, id registry.TenantID, edit func(
 		return err
 	})
 	return before, after, err
+}
+
+// sameSettings compares the settings UpdateTenant writes, as the registry
+// stores them (a nil and an empty list or map are the same).
+func sameSettings(a, b registry.Tenant) bool {
+	norm := func(t registry.Tenant) string {
+		opts := t.ModelOptions
+		if opts == nil {
+			opts = map[string]any{}
+		}
+		v, _ := json.Marshal([]any{t.Status, t.TurnCeiling, t.ApprovalMode, t.ApprovalTTL, t.CatalogueVersion,
+			slices.Concat([]catalogue.Name{}, t.EnabledActions), slices.Concat([]string{}, t.Categories),
+			t.ModelName, opts, t.DailyTokenBudget, t.Quota.WithDefaults()})
+		return string(v)
+	}
+	return norm(a) == norm(b)
 }
 
 // sameRules compares rules as written (position aside, params as JSON).
