@@ -201,6 +201,28 @@ def send_email(w, name, to_expr, subject_expr, text_expr, pos):
     }, pos, credentials=CRED_SMTP)
 
 
+# Every notification's subject starts with this tag. n8n's Send Email node
+# can set no header of its own (no X-…, no Auto-Submitted, and the
+# Message-ID nodemailer writes looks like any mail client's), so the tag
+# and the sender are how the IMAP intake recognises the assistant's own
+# notifications, and replies to them, when they land in its INBOX.
+TAG = "[n8nbrain]"
+# JavaScript: does a subject carry the tag, after any reply or forward prefixes?
+TAGGED = "(s) => /^\\s*((re|fwd?|aw|wg|sv|tr|antw)\\s*:\\s*)*\\[n8nbrain\\]/i.test(String(s || ''))"
+
+
+def notify_email(w, name, subject_expr, text_expr, pos):
+    """A notification to a person (settings' notify_to), its subject tagged."""
+    return send_email(w, name, "$('Settings').first().json.notify_to", "'" + TAG + " ' + " + subject_expr, text_expr, pos)
+
+
+def loop(w, name, pos):
+    """Loop Over Items, one at a time: output 0 done, 1 the next item. A
+    trigger hands over every new message of a poll in one run, and the
+    sub-workflows act on their first input item only."""
+    return w.node(name, "n8n-nodes-base.splitInBatches", 3, {"batchSize": 1, "options": {}}, pos)
+
+
 # ---------------------------------------------------------------------------
 # n8nbrain: submit turn. Input {request}; output {ok, decision} or
 # {ok: false, status, retryable, error}. Never fails on an HTTP status.
@@ -327,14 +349,14 @@ def act_workflow():
             "($json.error.reason || $json.error.code) + '): ' + $json.error.message)}", (1000, 560))
     http(w, "Requested approval", "GET", "$('Settings').first().json.edge_url + '/v1/approvals/' + encodeURIComponent($('Called').first().json.event.approval_id)", (560, 760))
     if_(w, "Approval found?", "$json.statusCode === 200", (780, 760))
-    send_email(w, "Notify reviewers", "$('Settings').first().json.notify_to",
-               "'Approval needed: ' + (($json.body.email || {}).subject || $json.body.approval.action)",
+    notify_email(w, "Notify reviewers",
+                 "'Approval needed: ' + (($json.body.email || {}).subject || $json.body.approval.action)",
                "'A ' + $json.body.approval.action + ' waits for your approval (it expires ' + $json.body.approval.expires_at + ').\\n\\n'"
                " + 'From: ' + (($json.body.email || {}).from || '') + '\\nSubject: ' + (($json.body.email || {}).subject || '') + '\\n\\n'"
                " + 'Review it: ' + $('Settings').first().json.review_url + '/review/approvals/' + $json.body.approval.id + '\\n'", (1000, 700))
     stop(w, "Approval not readable", "'approval ' + $('Called').first().json.event.approval_id + ': the edge answered ' + $json.statusCode + ' ' + JSON.stringify($json.body)", (1000, 860))
-    send_email(w, "Notify: halted", "$('Settings').first().json.notify_to",
-               "'Work item halted: ' + ($('Called').first().json.event.reason || 'needs a person')",
+    notify_email(w, "Notify: halted",
+                 "'Work item halted: ' + ($('Called').first().json.event.reason || 'needs a person')",
                "'The brain halted a work item and flagged it for a person.\\n\\nWork item: ' + $('Called').first().json.event.work_item_id"
                " + '\\nReason: ' + ($('Called').first().json.event.reason || '') + '\\n\\nNothing more happens for it until a person acts.\\n'", (560, 960))
     setjson(w, "Acknowledge", "{ack: true, decision: null, failure: null}", (1240, 860))
@@ -451,15 +473,15 @@ def route_decision(w, pos):
     w.chain("Content to verify", "Copy key", "Wait for the copy", "One key per minute", "Copy not seen?", "Verified")
 
     # escalate_item: tell a person.
-    send_email(w, "Notify: a person decides", "$('Settings').first().json.notify_to",
-               "'Needs a person: ' + ((($json.decision.action || {}).params || {}).reason || $json.decision.status)",
+    notify_email(w, "Notify: a person decides",
+                 "'Needs a person: ' + ((($json.decision.action || {}).params || {}).reason || $json.decision.status)",
                "'The brain handed a work item to a person.\\n\\nWork item: ' + $json.decision.work_item_id + '\\nReason: ' + "
                "((($json.decision.action || {}).params || {}).reason || '') + '\\nCategory: ' + (($json.decision.assessment || {}).category || '') + '\\n'", (x + 260, y + 120))
     # create_job: no job system is connected: a person creates it; reported
     # failed, so the brain escalates and the item shows as failed.
     setjson(w, "Job", "{decision: $json.decision}", (x + 140, y + 320))
-    send_email(w, "Notify: create the job by hand", "$('Settings').first().json.notify_to",
-               "'Create a job by hand: ' + $('Job').last().json.decision.work_item_id",
+    notify_email(w, "Notify: create the job by hand",
+                 "'Create a job by hand: ' + $('Job').last().json.decision.work_item_id",
                "'The brain approved a job, and no job system is connected to n8n.\\n\\nJob: ' + JSON.stringify($('Job').last().json.decision.action.params) + '\\n'", (x + 260, y + 320))
     setjson(w, "No job system", "{request: {work_item_id: $('Job').last().json.decision.work_item_id, turn: $('Job').last().json.decision.next_turn, "
             "latest_result: {action: 'create_job', outcome: 'failed', detail: 'no job system is connected; a person was asked to create it'}}}", (x + 480, y + 320))
@@ -533,43 +555,59 @@ def imap_workflow():
     w = Workflow(IMAP, "n8nbrain: mailbox assistant (IMAP)")
     note(w, "Read me", "## The e-mail assistant (IMAP and SMTP)\n* **New mail** (IMAP, INBOX): turn 1 for each new message; "
          "its Message-ID is the work item. A draft then waits for approval on the review page; reviewers get an e-mail "
-         "(the `approval_requested` event).\n* **Sent mail** (IMAP, the Sent folder): a message that answers a thread "
-         "(`In-Reply-To`) is a human reply: the item closes as `closed_manual` and nothing is sent. A message without it is "
-         "a sent copy: the evidence `verify_reply_sent` looks for.\n\nCredentials *n8nbrain mailbox (IMAP)* and "
-         "*(SMTP)*, *n8nbrain edge*; addresses in *n8nbrain: settings*. All written by the import.", (-300, -460), h=380)
+         "(the `approval_requested` event). The assistant's own notifications (subject tagged `" + TAG + "`, from `mail_from` "
+         "or a `notify_to` address: a notice, or a reviewer's reply to one) are skipped, never work.\n* **Sent mail** (IMAP, "
+         "the Sent folder): a message that answers a thread (`In-Reply-To`) is a human reply: the item closes as "
+         "`closed_manual` and nothing is sent. A message without it is a sent copy: the evidence `verify_reply_sent` looks for.\n\nCredentials *n8nbrain mailbox (IMAP)* and "
+         "*(SMTP)*, *n8nbrain edge*; addresses in *n8nbrain: settings*. All written by the import.", (-300, -500), h=440)
     w.node("New mail", "n8n-nodes-base.emailReadImap", 2.2, {
         "mailbox": "INBOX", "postProcessAction": "read", "format": "resolved",
         "options": {"customEmailConfig": "[\"ALL\"]", "trackLastMessageId": True},
     }, (-300, 0), credentials=CRED_IMAP)
-    first_turn(w, "Turn 1", "{message_id: $json.messageId, from: ($json.from || {}).text || '', "
-               "to: (($json.to || {}).value || []).map(a => a.address).filter(a => a), subject: $json.subject || '', "
-               "body: ($json.text || '').slice(0, 100000)}", (-80, 0))
-    call(w, "Submit turn 1", TURN, (140, 0))
-    if_(w, "Decided?", "$json.ok", (360, 0))
-    setjson(w, "The decision", "{op: 'decision', decision: $json.decision}", (580, -80))
-    call(w, "Act on it", ACT, (800, -80))
-    stop(w, "Turn 1 refused", "'turn 1 not decided (' + $json.status + ' ' + ($json.error.reason || $json.error.code) + '): ' + $json.error.message", (580, 100))
-    w.chain("New mail", "Turn 1", "Submit turn 1", "Decided?")
+    loop(w, "Each new message", (-100, 0))
+    call(w, "Settings", SETTINGS, (100, 60))
+    if_(w, "Our own notice?", "(() => { const m = $('Each new message').first().json; "
+        "const own = [$json.mail_from].concat(String($json.notify_to || '').split(',')).map(" + ADDRESS + ").filter(a => a); "
+        "const from = ((m.from || {}).value || []).map(v => String(v.address || '').toLowerCase()); "
+        "return (" + TAGGED + ")(m.subject) && from.some(a => own.includes(a)); })()", (300, 60))
+    noop(w, "Not work", (500, -60), "The assistant's own notification, or a reviewer's reply to one.")
+    first_turn(w, "Turn 1", "(() => { const m = $('Each new message').first().json; return {message_id: m.messageId, from: (m.from || {}).text || '', "
+               "to: ((m.to || {}).value || []).map(a => a.address).filter(a => a), subject: m.subject || '', "
+               "body: (m.text || '').slice(0, 100000)}; })()", (500, 120))
+    call(w, "Submit turn 1", TURN, (700, 120))
+    if_(w, "Decided?", "$json.ok", (900, 120))
+    setjson(w, "The decision", "{op: 'decision', decision: $json.decision}", (1100, 60))
+    call(w, "Act on it", ACT, (1300, 60), alwaysOutputData=True)
+    stop(w, "Turn 1 refused", "'turn 1 not decided (' + $json.status + ' ' + ($json.error.reason || $json.error.code) + '): ' + $json.error.message", (1100, 240))
+    w.chain("New mail", "Each new message")
+    w.connect("Each new message", "Settings", 1)
+    w.chain("Settings", "Our own notice?")
+    w.connect("Our own notice?", "Not work", 0)
+    w.connect("Our own notice?", "Turn 1", 1)
+    w.connect("Not work", "Each new message")
+    w.chain("Turn 1", "Submit turn 1", "Decided?")
     w.connect("Decided?", "The decision", 0)
     w.connect("Decided?", "Turn 1 refused", 1)
-    w.chain("The decision", "Act on it")
+    w.chain("The decision", "Act on it", "Each new message")
 
     w.node("Sent mail", "n8n-nodes-base.emailReadImap", 2.2, {
         "mailbox": "Sent", "postProcessAction": "nothing", "format": "resolved",
         "options": {"customEmailConfig": "[\"ALL\"]", "trackLastMessageId": True},
-    }, (-300, 400), credentials=CRED_IMAP)
-    if_(w, "Answers a thread?", "!!$json.inReplyTo", (-80, 400))
+    }, (-300, 500), credentials=CRED_IMAP)
+    loop(w, "Each sent message", (-100, 500))
+    if_(w, "Answers a thread?", "!!$json.inReplyTo", (100, 500))
     setjson(w, "Human reply", "{op: 'human_reply', work_item_id: $json.inReplyTo, human_action: {kind: 'replied', "
-            "text: ($json.text || '').slice(0, 2000), at: $json.date}}", (140, 320))
+            "text: ($json.text || '').slice(0, 2000), at: $json.date}}", (300, 420))
     setjson(w, "Sent copy", "{op: 'sent_copy', to: ((($json.to || {}).value || [])[0] || {}).address || '', subject: $json.subject || '', "
-            "text: $json.text || '', minute: Math.floor(new Date($json.date || Date.now()).getTime() / 60000)}", (140, 480))
-    call(w, "Reconcile", ACT, (360, 320))
-    call(w, "Record the copy", ACT, (360, 480))
-    w.chain("Sent mail", "Answers a thread?")
+            "text: $json.text || '', minute: Math.floor(new Date($json.date || Date.now()).getTime() / 60000)}", (300, 580))
+    call(w, "Reconcile", ACT, (500, 420), alwaysOutputData=True)
+    call(w, "Record the copy", ACT, (500, 580), alwaysOutputData=True)
+    w.chain("Sent mail", "Each sent message")
+    w.connect("Each sent message", "Answers a thread?", 1)
     w.connect("Answers a thread?", "Human reply", 0)
     w.connect("Answers a thread?", "Sent copy", 1)
-    w.chain("Human reply", "Reconcile")
-    w.chain("Sent copy", "Record the copy")
+    w.chain("Human reply", "Reconcile", "Each sent message")
+    w.chain("Sent copy", "Record the copy", "Each sent message")
     return w
 
 
