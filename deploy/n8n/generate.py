@@ -357,8 +357,9 @@ def act_workflow():
     note(w, "Read me", "## Acting on the brain's decisions\nCalled with `{op, …}` by the other n8nbrain workflows.\n\n"
          "* `decision`: route the decision; `send_reply` checks the approved content's SHA-256 against `content_sha256`, "
          "checks that no person replied in the thread since `abort_if_replied_since` (else `closed_manual`), sends **exactly "
-         "the approved text** with the Send Email (SMTP) node, and reports the real outcome: `succeeded` when the SMTP "
-         "server accepted it, `unknown` otherwise, then the brain's `verify_reply_sent` reads back.\n"
+         "the approved text** with the Send Email (SMTP) node, and reports the real outcome: "
+         "`succeeded` when the SMTP server accepted it, `failed` when it refused it (a 4xx/5xx answer), `unknown` when no "
+         "answer came (then the brain's `verify_reply_sent` reads back).\n"
          "* `event`: submit the turn an `approval_decided`/`approval_expired` event asks for; notify reviewers on "
          "`approval_requested`, a person on `item_halted` (once per event id).\n* `human_reply`: a person answered in a "
          "thread: recorded, and `closed_manual`.\n"
@@ -521,8 +522,15 @@ def route_decision(w, pos):
     w.nodes[-1]["onError"] = "continueErrorOutput"
     setjson(w, "Sent", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
             "latest_result: {action: 'send_reply', outcome: 'succeeded', detail: String($json.response || '').slice(0, 200)}}}", (x + 1880, y - 960))
-    # Not accepted, or no answer: the SMTP server may have it. Never resend:
-    # report unknown and let the brain's verify_reply_sent read back.
+    # nodemailer's error says what the SMTP server answered: a 4xx or 5xx
+    # reply to MAIL, RCPT, DATA, the message or the login is a refusal, so
+    # the message was not accepted: failed. Anything else (no connection,
+    # the connection lost, a timeout, above all after the message was sent)
+    # may have been accepted: unknown, and never resent; the brain asks for
+    # verify_reply_sent to read back.
+    if_(w, "Refused by the server?", "/^(Mail command failed|Can.t send mail - all recipients were rejected|Data command failed|Message failed|Invalid login): [45][0-9][0-9]/.test(String($json.error || ''))", (x + 1880, y - 800))
+    setjson(w, "Refused", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
+            "latest_result: {action: 'send_reply', outcome: 'failed', detail: ('the SMTP server refused it: ' + String($('Send the approved reply').last().json.error)).slice(0, 200)}}}", (x + 2080, y - 860))
     setjson(w, "Not confirmed", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
             "latest_result: {action: 'send_reply', outcome: 'unknown', detail: String($('Send the approved reply').last().json.error || 'no answer from the SMTP server').slice(0, 200)}}}", (x + 2080, y - 740))
     setjson(w, "A human replied first", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
@@ -543,7 +551,9 @@ def route_decision(w, pos):
     w.connect("First send?", "Send the approved reply", 0)
     w.connect("First send?", "Already sent", 1)
     w.connect("Send the approved reply", "Sent", 0)
-    w.connect("Send the approved reply", "Not confirmed", 1)
+    w.connect("Send the approved reply", "Refused by the server?", 1)
+    w.connect("Refused by the server?", "Refused", 0)
+    w.connect("Refused by the server?", "Not confirmed", 1)
 
     # verify_reply_sent: wait for the Sent folder's copy, then look it up.
     setjson(w, "To verify", "{decision: $json.decision}", (x + 140, y - 200))
@@ -591,7 +601,7 @@ def route_decision(w, pos):
     if_(w, "Outcome accepted?", "$json.ok", (x + 2260, y - 300))
     setjson(w, "Next decision", "{decision: $json.decision}", (x + 2480, y - 360))
     stop(w, "Outcome refused", "'the edge refused the outcome (' + $json.status + ' ' + ($json.error.reason || $json.error.code) + '): ' + $json.error.message", (x + 2480, y - 200))
-    for src in ("Sent", "Not confirmed", "A human replied first", "Not the approved text", "Verified", "No job system"):
+    for src in ("Sent", "Refused", "Not confirmed", "A human replied first", "Not the approved text", "Verified", "No job system"):
         w.connect(src, "Report the outcome")
     w.chain("Report the outcome", "Outcome accepted?")
     w.connect("Outcome accepted?", "Next decision", 0)
