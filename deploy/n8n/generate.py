@@ -350,15 +350,6 @@ CANON = ("(function canon(v) { if (Array.isArray(v)) return '[' + v.map(canon).j
 COPY_KEY = ("(to, s, t, m) => 'copy:' + (String(to || '').toLowerCase() + '\\n' + String(s || '').trim() + '\\n' + "
             "String(t || '').replace(/\\r\\n/g, '\\n').trim() + '\\n' + m).hash('sha256')")
 ADDRESS = "(a) => ((String(a || '').match(/<([^>]+)>/) || [null, String(a || '')])[1]).trim().toLowerCase()"
-# The subject a reply goes out with, from the approval record and the
-# e-mail it answers. n8n's Send Email node cannot set In-Reply-To or
-# References, so the subject is what keeps the reply in the customer's
-# conversation: "Re: " and the customer's subject, with one "Re:" only. A
-# subject the reviewer typed on the review page is theirs and is sent as is.
-REPLY_SUBJECT = ("(a, e) => { const p = (a.proposed || {}).subject; const ed = (a.edited || {}).subject; "
-                 "if (ed !== undefined && ed !== p) return ed; "
-                 "const o = String((e || {}).subject || '').replace(/^\\s*((re|aw|sv|antw)\\s*(\\[[0-9]+\\])?\\s*:\\s*)+/i, '').trim(); "
-                 "return o !== '' ? 'Re: ' + o : (ed !== undefined ? ed : p); }")
 
 
 def act_workflow():
@@ -366,7 +357,7 @@ def act_workflow():
     note(w, "Read me", "## Acting on the brain's decisions\nCalled with `{op, …}` by the other n8nbrain workflows.\n\n"
          "* `decision`: route the decision; `send_reply` checks the approved content's SHA-256 against `content_sha256`, "
          "checks that no person replied in the thread since `abort_if_replied_since` (else `closed_manual`), sends **exactly "
-         "the approved body** with the Send Email (SMTP) node under the thread's subject, and reports the real outcome: "
+         "the approved text** with the Send Email (SMTP) node, and reports the real outcome: "
          "`succeeded` when the SMTP server accepted it, `failed` when it refused it (a 4xx/5xx answer), `unknown` when no "
          "answer came (then the brain's `verify_reply_sent` reads back).\n"
          "* `event`: submit the turn an `approval_decided`/`approval_expired` event asks for; notify reviewers on "
@@ -513,7 +504,7 @@ def route_decision(w, pos):
             "const content = a.edited || a.proposed || {}; const p = d.action.params; "
             "return {decision: d, status: $json.statusCode, approval_id: p.approval_id, work_item_id: d.work_item_id, since: p.abort_if_replied_since, "
             "hash_ok: $json.statusCode === 200 && a.status === 'approved' && " + CANON + "(content).hash('sha256') === p.content_sha256 && a.approved_sha256 === p.content_sha256, "
-            "to: ($json.body.email || {}).from || '', subject: (" + REPLY_SUBJECT + ")(a, $json.body.email), body: content.body}; })()", (x + 480, y - 700))
+            "to: ($json.body.email || {}).from || '', subject: content.subject, body: content.body}; })()", (x + 480, y - 700))
     if_(w, "Exactly the approved text?", "$json.hash_ok && $json.to !== ''", (x + 700, y - 700))
     # The check right before sending: a reply a person sent in this thread
     # (its In-Reply-To or References name this message) since the draft was
@@ -572,7 +563,7 @@ def route_decision(w, pos):
     setjson(w, "Copy key", "(() => { const a = $json.body.approval || {}; const c = a.edited || a.proposed || {}; "
             "const to = (" + ADDRESS + ")(($json.body.email || {}).from); const m = Math.floor(Date.now() / 60000); "
             "return {decision: $('To verify').last().json.decision, status: $json.statusCode, "
-            "keys: [m - 3, m - 2, m - 1, m, m + 1].map(k => (" + COPY_KEY + ")(to, (" + REPLY_SUBJECT + ")(a, $json.body.email), c.body, k)), "
+            "keys: [m - 3, m - 2, m - 1, m, m + 1].map(k => (" + COPY_KEY + ")(to, c.subject, c.body, k)), "
             "wait: Number($('Settings').first().json.verify_wait_seconds) || 60}; })()", (x + 480, y - 200))
     wait(w, "Wait for the copy", "$json.wait", (x + 700, y - 200))
     w.node("One key per minute", "n8n-nodes-base.splitOut", 1, {"fieldToSplitOut": "keys", "include": "noOtherFields", "options": {}}, (x + 810, y - 200))
