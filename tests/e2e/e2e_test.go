@@ -503,9 +503,11 @@ func (w *world) notifications(t *testing.T, contains string) int {
 	return n
 }
 
-// The rule's draft: its subject is the rule's, the reply goes out under
-// the thread's ("Re: " and the customer's subject).
-const approvedBody = "Thanks for getting in touch. We are preparing your quote and will send it within two working days."
+// The rule's draft, sent exactly as approved: subject and body.
+const (
+	approvedSubject = "Re: your quote request"
+	approvedBody    = "Thanks for getting in touch. We are preparing your quote and will send it within two working days."
+)
 
 func (w *world) approve(t *testing.T) {
 	id := "<approve-" + randomHex(6) + "@customer.example>"
@@ -515,7 +517,7 @@ func (w *world) approve(t *testing.T) {
 	eventually(t, time.Minute, "the reviewers' notification", func() bool {
 		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
 	})
-	if n := len(w.replies(t, "Re: Quote for a new deck")); n != 0 {
+	if n := len(w.replies(t, approvedSubject)); n != 0 {
 		t.Fatalf("%d replies sent before approval", n)
 	}
 	before := len(w.smtp.to(customer))
@@ -542,8 +544,8 @@ func (w *world) approve(t *testing.T) {
 		t.Fatalf("%d messages to the customer after approval and the event twice, want exactly 1", len(got))
 	}
 	p := parse(t, got[0])
-	if p.subject(t) != "Re: Quote for a new deck" || normalize(p.Body) != approvedBody {
-		t.Fatalf("sent %q / %q, want %q / the approved %q", p.subject(t), p.Body, "Re: Quote for a new deck", approvedBody)
+	if p.subject(t) != approvedSubject || normalize(p.Body) != approvedBody {
+		t.Fatalf("sent %q / %q, want the approved %q / %q", p.subject(t), p.Body, approvedSubject, approvedBody)
 	}
 	if !strings.EqualFold(got[0].From, mailFrom) {
 		t.Fatalf("envelope sender %s", got[0].From)
@@ -962,8 +964,7 @@ func (w *world) smtpDown(t *testing.T) {
 func (w *world) answerLost(t *testing.T) {
 	id := "<lost-" + randomHex(6) + "@customer.example>"
 	const kim = "kim@customer.example"
-	// The customer's subject is a reply already: the answer has one "Re:".
-	w.deliverFrom(t, kim, id, "RE: Re: Quote for decking oil", "Could you quote for oiling my deck?")
+	w.deliverFrom(t, kim, id, "Quote for decking oil", "Could you quote for oiling my deck?")
 	ap := w.pendingApproval(t, id)
 	eventually(t, time.Minute, "the reviewers' notification", func() bool {
 		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
@@ -981,8 +982,8 @@ func (w *world) answerLost(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("%d messages to the customer, want 1 (no blind repeat)", len(got))
 	}
-	if s := parse(t, got[0]).subject(t); s != "Re: Quote for decking oil" {
-		t.Fatalf("reply subject %q, want %q", s, "Re: Quote for decking oil")
+	if s := parse(t, got[0]).subject(t); s != approvedSubject {
+		t.Fatalf("reply subject %q, want the approved %q", s, approvedSubject)
 	}
 	var last string
 	_ = w.tenantDB.QueryRow(context.Background(), `SELECT last_action FROM work_items WHERE id = $1`, id).Scan(&last)
