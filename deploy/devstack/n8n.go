@@ -73,8 +73,12 @@ type N8NOptions struct {
 	// MailFrom is the assistant's address: replies and notifications come
 	// from it [N8NBRAIN_MAIL_FROM, default assistant@localhost].
 	MailFrom string
-	// NotifyTo receives reviewer and escalation notifications
-	// [N8NBRAIN_NOTIFY_TO, default MailFrom].
+	// NotifyTo receives reviewer and escalation notifications, one address
+	// or several separated by commas [N8NBRAIN_NOTIFY_TO, default MailFrom].
+	// The default is the assistant's own mailbox, so the notifications land
+	// in the INBOX the IMAP intake reads: each carries the subject tag
+	// "[n8nbrain]" and the intake skips tagged mail from MailFrom or NotifyTo
+	// (a notice, or a reviewer's reply to one), so none becomes work.
 	NotifyTo string
 	// IMAP and SMTP are the mailbox [N8NBRAIN_IMAP_HOST, _PORT, _USER,
 	// _PASSWORD, _TLS; N8NBRAIN_SMTP_… the same].

@@ -201,6 +201,77 @@ def send_email(w, name, to_expr, subject_expr, text_expr, pos):
     }, pos, credentials=CRED_SMTP)
 
 
+# Every notification's subject starts with this tag. n8n's Send Email node
+# can set no header of its own (no X-…, no Auto-Submitted, and the
+# Message-ID nodemailer writes looks like any mail client's), so the tag
+# and the sender are how the IMAP intake recognises the assistant's own
+# notifications, and replies to them, when they land in its INBOX.
+TAG = "[n8nbrain]"
+# JavaScript: does a subject carry the tag, after any reply or forward prefixes?
+TAGGED = "(s) => /^\\s*((re|fwd?|aw|wg|sv|tr|antw)\\s*:\\s*)*\\[n8nbrain\\]/i.test(String(s || ''))"
+
+
+def notify_email(w, name, subject_expr, text_expr, pos):
+    """A notification to a person (settings' notify_to), its subject tagged."""
+    return send_email(w, name, "$('Settings').first().json.notify_to", "'" + TAG + " ' + " + subject_expr, text_expr, pos)
+
+
+def loop(w, name, pos):
+    """Loop Over Items, one at a time: output 0 done, 1 the next item. A
+    trigger hands over every new message of a poll in one run, and the
+    sub-workflows act on their first input item only."""
+    return w.node(name, "n8n-nodes-base.splitInBatches", 3, {"batchSize": 1, "options": {}}, pos)
+
+
+# n8n Data tables (a core feature of n8n 2.x, in n8n's own database): what
+# the workflows must look up later by a field's value, not only by an exact
+# key as Remove Duplicates does. Each is created on first use.
+REPLIES = ("n8nbrain_thread_replies", [("thread_id", "string"), ("message_id", "string"),
+                                       ("replied_at", "date"), ("text", "string")])
+NOTIFIED = ("n8nbrain_notified_events", [("event_id", "string"), ("kind", "string")])
+
+
+def table(w, name, spec, pos):
+    """The data table of spec, created when missing. Two first uses at once
+    may race to create it: the loser's retry finds the winner's table."""
+    tname, cols = spec
+    return w.node(name, "n8n-nodes-base.dataTable", 1.1, {
+        "resource": "table", "operation": "create", "tableName": tname,
+        "columns": {"column": [{"name": c, "type": t} for c, t in cols]},
+        "options": {"createIfNotExists": True},
+    }, pos, retryOnFail=True, maxTries=3, waitBetweenTries=1000, executeOnce=True)
+
+
+def table_ref(table_node):
+    return {"__rl": True, "mode": "id", "value": "={{ $('" + table_node + "').first().json.id }}"}
+
+
+def table_insert(w, name, table_node, spec, values, pos):
+    """Insert one row per input item; values: column → expression code."""
+    _, cols = spec
+    schema = [{"id": c, "displayName": c, "required": False, "defaultMatch": False, "display": True,
+               "type": "dateTime" if t == "date" else t, "canBeUsedToMatch": True} for c, t in cols if c in values]
+    return w.node(name, "n8n-nodes-base.dataTable", 1.1, {
+        "resource": "row", "operation": "insert", "dataTableId": table_ref(table_node),
+        "columns": {"mappingMode": "defineBelow", "value": {c: expr(v) for c, v in values.items()},
+                    "matchingColumns": [], "schema": schema, "attemptToConvertTypes": False, "convertFieldsToString": False},
+        "options": {},
+    }, pos)
+
+
+def table_filter(*conds):
+    """conds: (column, condition, value expression code)."""
+    return {"conditions": [{"keyName": c, "condition": op, "keyValue": expr(v)} for c, op, v in conds]}
+
+
+def table_get(w, name, table_node, conds, pos):
+    """The first row matching every condition, or one empty item."""
+    return w.node(name, "n8n-nodes-base.dataTable", 1.1, {
+        "resource": "row", "operation": "get", "dataTableId": table_ref(table_node),
+        "matchType": "allConditions", "filters": table_filter(*conds), "limit": 1,
+    }, pos, alwaysOutputData=True, executeOnce=True)
+
+
 # ---------------------------------------------------------------------------
 # n8nbrain: submit turn. Input {request}; output {ok, decision} or
 # {ok: false, status, retryable, error}. Never fails on an HTTP status.
@@ -284,15 +355,18 @@ ADDRESS = "(a) => ((String(a || '').match(/<([^>]+)>/) || [null, String(a || '')
 def act_workflow():
     w = Workflow(ACT, "n8nbrain: act")
     note(w, "Read me", "## Acting on the brain's decisions\nCalled with `{op, …}` by the other n8nbrain workflows.\n\n"
-         "* `decision`: route the decision; `send_reply` sends **exactly the approved text** (its SHA-256 is checked against "
-         "`content_sha256` first) with the Send Email (SMTP) node, and reports the real outcome: `succeeded` when the SMTP "
-         "server accepted it, `unknown` otherwise, then the brain's `verify_reply_sent` reads back.\n"
+         "* `decision`: route the decision; `send_reply` checks the approved content's SHA-256 against `content_sha256`, "
+         "checks that no person replied in the thread since `abort_if_replied_since` (else `closed_manual`), sends **exactly "
+         "the approved text** with the Send Email (SMTP) node, and reports the real outcome: "
+         "`succeeded` when the SMTP server accepted it, `failed` when it refused it (a 4xx/5xx answer), `unknown` when no "
+         "answer came (then the brain's `verify_reply_sent` reads back).\n"
          "* `event`: submit the turn an `approval_decided`/`approval_expired` event asks for; notify reviewers on "
-         "`approval_requested`, a person on `item_halted`.\n* `human_reply`: a human answered in the thread: `closed_manual`.\n"
+         "`approval_requested`, a person on `item_halted` (once per event id).\n* `human_reply`: a person answered in a "
+         "thread: recorded, and `closed_manual`.\n"
          "* `sent_copy`: a copy of a sent message seen in the Sent folder (evidence for `verify_reply_sent`).\n\n"
-         "**Once only**: one Remove Duplicates store (scope: this workflow) holds `send:<approval>` (a duplicated event "
-         "sends nothing), `thread:<work item>` (whoever answers the thread first, the human or us, owns it) and "
-         "`copy:<hash>` (sent copies seen).", (-400, -560), w_=620, h=520)
+         "**Once only**: the Remove Duplicates store (scope: this workflow) holds `send:<approval>` (a duplicated event "
+         "sends nothing) and `copy:<hash>` (sent copies seen). Data tables: `" + REPLIES[0] + "` (a person's replies, by "
+         "every message id they answer, with the time) and `" + NOTIFIED[0] + "` (events a person was told about).", (-400, -600), w_=620, h=560)
     called(w, (-400, 0))
     call(w, "Settings", SETTINGS, (-180, 0))
     switch(w, "Op", [
@@ -325,49 +399,80 @@ def act_workflow():
     setjson(w, "Event answer", "{ack: $json.ok || !$json.retryable, decision: $json.ok ? $json.decision : null, "
             "failure: $json.ok ? null : ('the edge refused turn ' + $('Next turn').first().json.request.turn + ' (' + $json.status + ' ' + "
             "($json.error.reason || $json.error.code) + '): ' + $json.error.message)}", (1000, 560))
-    http(w, "Requested approval", "GET", "$('Settings').first().json.edge_url + '/v1/approvals/' + encodeURIComponent($('Called').first().json.event.approval_id)", (560, 760))
-    if_(w, "Approval found?", "$json.statusCode === 200", (780, 760))
-    send_email(w, "Notify reviewers", "$('Settings').first().json.notify_to",
-               "'Approval needed: ' + (($json.body.email || {}).subject || $json.body.approval.action)",
-               "'A ' + $json.body.approval.action + ' waits for your approval (it expires ' + $json.body.approval.expires_at + ').\\n\\n'"
-               " + 'From: ' + (($json.body.email || {}).from || '') + '\\nSubject: ' + (($json.body.email || {}).subject || '') + '\\n\\n'"
-               " + 'Review it: ' + $('Settings').first().json.review_url + '/review/approvals/' + $json.body.approval.id + '\\n'", (1000, 700))
-    stop(w, "Approval not readable", "'approval ' + $('Called').first().json.event.approval_id + ': the edge answered ' + $json.statusCode + ' ' + JSON.stringify($json.body)", (1000, 860))
-    send_email(w, "Notify: halted", "$('Settings').first().json.notify_to",
-               "'Work item halted: ' + ($('Called').first().json.event.reason || 'needs a person')",
-               "'The brain halted a work item and flagged it for a person.\\n\\nWork item: ' + $('Called').first().json.event.work_item_id"
-               " + '\\nReason: ' + ($('Called').first().json.event.reason || '') + '\\n\\nNothing more happens for it until a person acts.\\n'", (560, 960))
-    setjson(w, "Acknowledge", "{ack: true, decision: null, failure: null}", (1240, 860))
+    # approval_requested and item_halted tell a person, once per event: the
+    # event id is recorded after the e-mail went out, so a delivery whose
+    # e-mail failed is notified again when the edge delivers it again.
+    table(w, "Notified events", NOTIFIED, (560, 760))
+    table_get(w, "Notice sent before", "Notified events", [("event_id", "eq", "$('Called').first().json.event.event_id")], (700, 760))
+    if_(w, "Not notified yet?", "$json.event_id === undefined", (840, 760))
+    switch(w, "Notify whom", [
+        ("reviewers", "$('Called').first().json.event.kind === 'approval_requested'"),
+        ("a person", "$('Called').first().json.event.kind === 'item_halted'"),
+    ], (980, 760), fallback=False)
+    http(w, "Requested approval", "GET", "$('Settings').first().json.edge_url + '/v1/approvals/' + encodeURIComponent($('Called').first().json.event.approval_id)", (1000, 700))
+    if_(w, "Approval found?", "$json.statusCode === 200", (1160, 700))
+    notify_email(w, "Notify reviewers",
+                 "'Approval needed: ' + (($json.body.email || {}).subject || $json.body.approval.action)",
+                 "'A ' + $json.body.approval.action + ' waits for your approval (it expires ' + $json.body.approval.expires_at + ').\\n\\n'"
+                 " + 'From: ' + (($json.body.email || {}).from || '') + '\\nSubject: ' + (($json.body.email || {}).subject || '') + '\\n\\n'"
+                 " + 'Review it: ' + $('Settings').first().json.review_url + '/review/approvals/' + $json.body.approval.id + '\\n'", (1360, 640))
+    stop(w, "Approval not readable", "'approval ' + $('Called').first().json.event.approval_id + ': the edge answered ' + $json.statusCode + ' ' + JSON.stringify($json.body)", (1360, 800))
+    notify_email(w, "Notify: halted",
+                 "'Work item halted: ' + ($('Called').first().json.event.reason || 'needs a person')",
+                 "'The brain halted a work item and flagged it for a person.\\n\\nWork item: ' + $('Called').first().json.event.work_item_id"
+                 " + '\\nReason: ' + ($('Called').first().json.event.reason || '') + '\\n\\nNothing more happens for it until a person acts.\\n'", (1000, 900))
+    table_insert(w, "Record the notice", "Notified events", NOTIFIED,
+                 {"event_id": "$('Called').first().json.event.event_id", "kind": "$('Called').first().json.event.kind"}, (1560, 760))
+    setjson(w, "Acknowledge", "{ack: true, decision: null, failure: null}", (1760, 860), executeOnce=True)
+    noop(w, "Notified before", (1000, 1060), "A second delivery of this event: the e-mail went out on the first.")
     w.connect("Op", "Event kind", 1)
     w.connect("Event kind", "Next turn", 0)
-    w.connect("Event kind", "Requested approval", 1)
-    w.connect("Event kind", "Notify: halted", 2)
+    w.connect("Event kind", "Notified events", 1)
+    w.connect("Event kind", "Notified events", 2)
     w.connect("Event kind", "Acknowledge", 3)
     w.chain("Next turn", "Submit the event's turn", "Event answer")
+    w.chain("Notified events", "Notice sent before", "Not notified yet?")
+    w.connect("Not notified yet?", "Notify whom", 0)
+    w.connect("Not notified yet?", "Notified before", 1)
+    w.connect("Notified before", "Acknowledge")
+    w.connect("Notify whom", "Requested approval", 0)
+    w.connect("Notify whom", "Notify: halted", 1)
     w.chain("Requested approval", "Approval found?")
     w.connect("Approval found?", "Notify reviewers", 0)
     w.connect("Approval found?", "Approval not readable", 1)
-    w.connect("Notify reviewers", "Acknowledge")
-    w.connect("Notify: halted", "Acknowledge")
+    w.connect("Notify reviewers", "Record the notice")
+    w.connect("Notify: halted", "Record the notice")
+    w.connect("Record the notice", "Acknowledge")
 
     # --- human reply -----------------------------------------------------
-    setjson(w, "Human reply", "{work_item_id: $('Called').first().json.work_item_id, human_action: $('Called').first().json.human_action}", (160, 1200))
-    dedupe(w, "Thread: human first?", "'thread:' + $json.work_item_id", (300, 1200), always=True)
-    if_(w, "Human owns the thread?", "$json.work_item_id !== undefined", (520, 1200))
+    # A person answered in a thread (the Sent folder, or the human-reply
+    # webhook): recorded under every message id the reply names (In-Reply-To
+    # and References), with its time, for the check right before a send;
+    # and the message it answers is reported closed_manual on turn 2 while
+    # its draft still waits (later turns are the send path's to report).
+    table(w, "Replies table", REPLIES, (160, 1200))
+    setjson(w, "Thread ids", "{thread_ids: [...new Set([$('Called').first().json.work_item_id].concat($('Called').first().json.thread_ids || [])"
+            ".map(i => String(i || '').trim()).filter(i => i))]}", (300, 1200), executeOnce=True)
+    w.node("One row per id", "n8n-nodes-base.splitOut", 1, {"fieldToSplitOut": "thread_ids", "include": "noOtherFields", "options": {}}, (440, 1200))
+    table_insert(w, "Record the reply", "Replies table", REPLIES, {
+        "thread_id": "$json.thread_ids", "message_id": "String($('Called').first().json.message_id || '')",
+        "replied_at": "$('Called').first().json.human_action.at || $now.toISO()",
+        "text": "String($('Called').first().json.human_action.text || '').slice(0, 2000)"}, (580, 1200))
+    if_(w, "Answers a message?", "!!$('Called').first().json.work_item_id", (720, 1200), executeOnce=True)
     setjson(w, "Closed by a human", "{request: {work_item_id: $('Called').first().json.work_item_id, turn: 2, latest_result: "
-            "{action: 'draft_reply', outcome: 'closed_manual', human_action: $('Called').first().json.human_action}}}", (760, 1120))
-    call(w, "Report closed_manual", TURN, (980, 1120))
+            "{action: 'draft_reply', outcome: 'closed_manual', human_action: $('Called').first().json.human_action}}}", (900, 1120))
+    call(w, "Report closed_manual", TURN, (1100, 1120))
     # 409: turn 2 was taken (the approval's event came first: the send path
-    # finds the thread taken and reports closed_manual itself); 422: closed.
-    if_(w, "Reported?", "$json.ok || [409, 422].includes($json.status)", (1200, 1120))
-    noop(w, "Closed manually", (1420, 1060))
-    stop(w, "closed_manual refused", "'closed_manual for ' + $('Called').first().json.work_item_id + ' refused (' + $json.status + '): ' + $json.error.message", (1420, 1200))
-    noop(w, "We answered first", (760, 1300), "We sent the approved reply before this human reply: nothing to report.")
-    w.connect("Op", "Human reply", 2)
-    w.connect("Human reply", "Thread: human first?")
-    w.chain("Thread: human first?", "Human owns the thread?")
-    w.connect("Human owns the thread?", "Closed by a human", 0)
-    w.connect("Human owns the thread?", "We answered first", 1)
+    # finds the reply right before sending and reports closed_manual
+    # itself), or the message is no work item; 422: closed.
+    if_(w, "Reported?", "$json.ok || [409, 422].includes($json.status)", (1300, 1120))
+    noop(w, "Closed manually", (1500, 1060))
+    stop(w, "closed_manual refused", "'closed_manual for ' + $('Called').first().json.work_item_id + ' refused (' + $json.status + '): ' + $json.error.message", (1500, 1200))
+    noop(w, "Recorded", (900, 1300), "The reply names no message it answers: recorded for the check before sending only.")
+    w.connect("Op", "Replies table", 2)
+    w.chain("Replies table", "Thread ids", "One row per id", "Record the reply", "Answers a message?")
+    w.connect("Answers a message?", "Closed by a human", 0)
+    w.connect("Answers a message?", "Recorded", 1)
     w.chain("Closed by a human", "Report closed_manual", "Reported?")
     w.connect("Reported?", "Closed manually", 0)
     w.connect("Reported?", "closed_manual refused", 1)
@@ -390,42 +495,65 @@ def route_decision(w, pos):
     noop(w, "Nothing to do", (x + 260, y + 560), "Awaiting approval (the approval_requested event notifies reviewers), closed, or waits for a person.")
     w.connect("Route decision", "Nothing to do", 4)
 
-    # send_reply: read the approval, check the hash, once per approval, thread
-    # not answered by a human, send, report.
+    # send_reply: read the approval, check the hash, check that no person
+    # replied in the thread since the draft was proposed
+    # (abort_if_replied_since), once per approval, send, report.
     setjson(w, "To send", "{decision: $json.decision}", (x + 140, y - 700))
     http(w, "Approved content", "GET", "$('Settings').first().json.edge_url + '/v1/approvals/' + encodeURIComponent($json.decision.action.params.approval_id)", (x + 260, y - 700))
     setjson(w, "Check the approved text", "(() => { const d = $('To send').last().json.decision; const a = $json.body.approval || {}; "
             "const content = a.edited || a.proposed || {}; const p = d.action.params; "
-            "return {decision: d, status: $json.statusCode, approval_id: p.approval_id, work_item_id: d.work_item_id, "
+            "return {decision: d, status: $json.statusCode, approval_id: p.approval_id, work_item_id: d.work_item_id, since: p.abort_if_replied_since, "
             "hash_ok: $json.statusCode === 200 && a.status === 'approved' && " + CANON + "(content).hash('sha256') === p.content_sha256 && a.approved_sha256 === p.content_sha256, "
             "to: ($json.body.email || {}).from || '', subject: content.subject, body: content.body}; })()", (x + 480, y - 700))
     if_(w, "Exactly the approved text?", "$json.hash_ok && $json.to !== ''", (x + 700, y - 700))
-    dedupe(w, "Once per approval", "'send:' + $json.approval_id", (x + 920, y - 760))
-    dedupe(w, "Thread: ours?", "'thread:' + $json.work_item_id", (x + 1140, y - 760), always=True)
-    if_(w, "No human reply yet?", "$json.approval_id !== undefined", (x + 1360, y - 760))
-    send_email(w, "Send the approved reply", "$json.to", "$json.subject", "$json.body", (x + 1580, y - 820))
+    # The check right before sending: a reply a person sent in this thread
+    # (its In-Reply-To or References name this message) since the draft was
+    # proposed, as the Sent folder's trigger recorded it.
+    table(w, "Thread replies", REPLIES, (x + 860, y - 760))
+    table_get(w, "Replied since?", "Thread replies", [
+        ("thread_id", "eq", "$('Check the approved text').first().json.work_item_id"),
+        ("replied_at", "gte", "$('Check the approved text').first().json.since")], (x + 1000, y - 760))
+    if_(w, "No human reply yet?", "$json.thread_id === undefined", (x + 1140, y - 760))
+    setjson(w, "To send once", "{approval_id: $('Check the approved text').first().json.approval_id}", (x + 1280, y - 820))
+    dedupe(w, "Once per approval", "'send:' + $json.approval_id", (x + 1400, y - 820), always=True)
+    if_(w, "First send?", "$json.approval_id !== undefined", (x + 1520, y - 820))
+    send_email(w, "Send the approved reply", "$('Check the approved text').first().json.to", "$('Check the approved text').first().json.subject",
+               "$('Check the approved text').first().json.body", (x + 1660, y - 880))
     w.nodes[-1]["onError"] = "continueErrorOutput"
     setjson(w, "Sent", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
-            "latest_result: {action: 'send_reply', outcome: 'succeeded', detail: String($json.response || '').slice(0, 200)}}}", (x + 1800, y - 900))
-    # Not accepted, or no answer: the SMTP server may have it. Never resend:
-    # report unknown and let the brain's verify_reply_sent read back.
+            "latest_result: {action: 'send_reply', outcome: 'succeeded', detail: String($json.response || '').slice(0, 200)}}}", (x + 1880, y - 960))
+    # nodemailer's error says what the SMTP server answered: a 4xx or 5xx
+    # reply to MAIL, RCPT, DATA, the message or the login is a refusal, so
+    # the message was not accepted: failed. Anything else (no connection,
+    # the connection lost, a timeout, above all after the message was sent)
+    # may have been accepted: unknown, and never resent; the brain asks for
+    # verify_reply_sent to read back.
+    if_(w, "Refused by the server?", "/^(Mail command failed|Can.t send mail - all recipients were rejected|Data command failed|Message failed|Invalid login): [45][0-9][0-9]/.test(String($json.error || ''))", (x + 1880, y - 800))
+    setjson(w, "Refused", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
+            "latest_result: {action: 'send_reply', outcome: 'failed', detail: ('the SMTP server refused it: ' + String($('Send the approved reply').last().json.error)).slice(0, 200)}}}", (x + 2080, y - 860))
     setjson(w, "Not confirmed", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
-            "latest_result: {action: 'send_reply', outcome: 'unknown', detail: String($json.error || 'no answer from the SMTP server').slice(0, 200)}}}", (x + 1800, y - 740))
+            "latest_result: {action: 'send_reply', outcome: 'unknown', detail: String($('Send the approved reply').last().json.error || 'no answer from the SMTP server').slice(0, 200)}}}", (x + 2080, y - 740))
     setjson(w, "A human replied first", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
-            "latest_result: {action: 'send_reply', outcome: 'closed_manual', human_action: {kind: 'replied', text: 'a person replied in the thread before the approved reply was sent'}}}}", (x + 1580, y - 600))
+            "latest_result: {action: 'send_reply', outcome: 'closed_manual', human_action: {kind: 'replied', "
+            "text: $json.text || 'a person replied in the thread before the approved reply was sent', at: $json.replied_at}}}}", (x + 1280, y - 640))
     setjson(w, "Not the approved text", "{request: {work_item_id: $json.work_item_id, turn: $json.decision.next_turn, "
-            "latest_result: {action: 'send_reply', outcome: 'failed', detail: $json.status !== 200 ? 'the approval could not be read (' + $json.status + ')' : 'the approved content does not match content_sha256; nothing was sent'}}}", (x + 920, y - 560))
-    noop(w, "Already sent", (x + 1140, y - 920), "A second delivery of the same approval: sent once already.")
+            "latest_result: {action: 'send_reply', outcome: 'failed', detail: $json.status !== 200 ? 'the approval could not be read (' + $json.status + ')' : 'the approved content does not match content_sha256; nothing was sent'}}}", (x + 860, y - 560))
+    noop(w, "Already sent", (x + 1660, y - 720), "A second delivery of the same approval: sent once already, and reported by that run.")
     w.connect("Route decision", "To send", 0)
     w.connect("To send", "Approved content")
     w.chain("Approved content", "Check the approved text", "Exactly the approved text?")
-    w.connect("Exactly the approved text?", "Once per approval", 0)
+    w.connect("Exactly the approved text?", "Thread replies", 0)
     w.connect("Exactly the approved text?", "Not the approved text", 1)
-    w.chain("Once per approval", "Thread: ours?", "No human reply yet?")
-    w.connect("No human reply yet?", "Send the approved reply", 0)
+    w.chain("Thread replies", "Replied since?", "No human reply yet?")
+    w.connect("No human reply yet?", "To send once", 0)
     w.connect("No human reply yet?", "A human replied first", 1)
+    w.chain("To send once", "Once per approval", "First send?")
+    w.connect("First send?", "Send the approved reply", 0)
+    w.connect("First send?", "Already sent", 1)
     w.connect("Send the approved reply", "Sent", 0)
-    w.connect("Send the approved reply", "Not confirmed", 1)
+    w.connect("Send the approved reply", "Refused by the server?", 1)
+    w.connect("Refused by the server?", "Refused", 0)
+    w.connect("Refused by the server?", "Not confirmed", 1)
 
     # verify_reply_sent: wait for the Sent folder's copy, then look it up.
     setjson(w, "To verify", "{decision: $json.decision}", (x + 140, y - 200))
@@ -451,16 +579,16 @@ def route_decision(w, pos):
     w.chain("Content to verify", "Copy key", "Wait for the copy", "One key per minute", "Copy not seen?", "Verified")
 
     # escalate_item: tell a person.
-    send_email(w, "Notify: a person decides", "$('Settings').first().json.notify_to",
-               "'Needs a person: ' + ((($json.decision.action || {}).params || {}).reason || $json.decision.status)",
-               "'The brain handed a work item to a person.\\n\\nWork item: ' + $json.decision.work_item_id + '\\nReason: ' + "
-               "((($json.decision.action || {}).params || {}).reason || '') + '\\nCategory: ' + (($json.decision.assessment || {}).category || '') + '\\n'", (x + 260, y + 120))
+    notify_email(w, "Notify: a person decides",
+                 "'Needs a person: ' + ((($json.decision.action || {}).params || {}).reason || $json.decision.status)",
+                 "'The brain handed a work item to a person.\\n\\nWork item: ' + $json.decision.work_item_id + '\\nReason: ' + "
+                 "((($json.decision.action || {}).params || {}).reason || '') + '\\nCategory: ' + (($json.decision.assessment || {}).category || '') + '\\n'", (x + 260, y + 120))
     # create_job: no job system is connected: a person creates it; reported
     # failed, so the brain escalates and the item shows as failed.
     setjson(w, "Job", "{decision: $json.decision}", (x + 140, y + 320))
-    send_email(w, "Notify: create the job by hand", "$('Settings').first().json.notify_to",
-               "'Create a job by hand: ' + $('Job').last().json.decision.work_item_id",
-               "'The brain approved a job, and no job system is connected to n8n.\\n\\nJob: ' + JSON.stringify($('Job').last().json.decision.action.params) + '\\n'", (x + 260, y + 320))
+    notify_email(w, "Notify: create the job by hand",
+                 "'Create a job by hand: ' + $('Job').last().json.decision.work_item_id",
+                 "'The brain approved a job, and no job system is connected to n8n.\\n\\nJob: ' + JSON.stringify($('Job').last().json.decision.action.params) + '\\n'", (x + 260, y + 320))
     setjson(w, "No job system", "{request: {work_item_id: $('Job').last().json.decision.work_item_id, turn: $('Job').last().json.decision.next_turn, "
             "latest_result: {action: 'create_job', outcome: 'failed', detail: 'no job system is connected; a person was asked to create it'}}}", (x + 480, y + 320))
     w.connect("Route decision", "Notify: a person decides", 2)
@@ -473,7 +601,7 @@ def route_decision(w, pos):
     if_(w, "Outcome accepted?", "$json.ok", (x + 2260, y - 300))
     setjson(w, "Next decision", "{decision: $json.decision}", (x + 2480, y - 360))
     stop(w, "Outcome refused", "'the edge refused the outcome (' + $json.status + ' ' + ($json.error.reason || $json.error.code) + '): ' + $json.error.message", (x + 2480, y - 200))
-    for src in ("Sent", "Not confirmed", "A human replied first", "Not the approved text", "Verified", "No job system"):
+    for src in ("Sent", "Refused", "Not confirmed", "A human replied first", "Not the approved text", "Verified", "No job system"):
         w.connect(src, "Report the outcome")
     w.chain("Report the outcome", "Outcome accepted?")
     w.connect("Outcome accepted?", "Next decision", 0)
@@ -533,43 +661,60 @@ def imap_workflow():
     w = Workflow(IMAP, "n8nbrain: mailbox assistant (IMAP)")
     note(w, "Read me", "## The e-mail assistant (IMAP and SMTP)\n* **New mail** (IMAP, INBOX): turn 1 for each new message; "
          "its Message-ID is the work item. A draft then waits for approval on the review page; reviewers get an e-mail "
-         "(the `approval_requested` event).\n* **Sent mail** (IMAP, the Sent folder): a message that answers a thread "
-         "(`In-Reply-To`) is a human reply: the item closes as `closed_manual` and nothing is sent. A message without it is "
-         "a sent copy: the evidence `verify_reply_sent` looks for.\n\nCredentials *n8nbrain mailbox (IMAP)* and "
-         "*(SMTP)*, *n8nbrain edge*; addresses in *n8nbrain: settings*. All written by the import.", (-300, -460), h=380)
+         "(the `approval_requested` event). The assistant's own notifications (subject tagged `" + TAG + "`, from `mail_from` "
+         "or a `notify_to` address: a notice, or a reviewer's reply to one) are skipped, never work.\n* **Sent mail** (IMAP, "
+         "the Sent folder): a message that answers a thread (`In-Reply-To` or `References`) is a human reply: recorded for the "
+         "check right before a send, and the message it answers closes as `closed_manual` while its draft waits. A message "
+         "without them is a sent copy: the evidence `verify_reply_sent` looks for.\n\nCredentials *n8nbrain mailbox (IMAP)* and "
+         "*(SMTP)*, *n8nbrain edge*; addresses in *n8nbrain: settings*. All written by the import.", (-300, -500), h=440)
     w.node("New mail", "n8n-nodes-base.emailReadImap", 2.2, {
         "mailbox": "INBOX", "postProcessAction": "read", "format": "resolved",
         "options": {"customEmailConfig": "[\"ALL\"]", "trackLastMessageId": True},
     }, (-300, 0), credentials=CRED_IMAP)
-    first_turn(w, "Turn 1", "{message_id: $json.messageId, from: ($json.from || {}).text || '', "
-               "to: (($json.to || {}).value || []).map(a => a.address).filter(a => a), subject: $json.subject || '', "
-               "body: ($json.text || '').slice(0, 100000)}", (-80, 0))
-    call(w, "Submit turn 1", TURN, (140, 0))
-    if_(w, "Decided?", "$json.ok", (360, 0))
-    setjson(w, "The decision", "{op: 'decision', decision: $json.decision}", (580, -80))
-    call(w, "Act on it", ACT, (800, -80))
-    stop(w, "Turn 1 refused", "'turn 1 not decided (' + $json.status + ' ' + ($json.error.reason || $json.error.code) + '): ' + $json.error.message", (580, 100))
-    w.chain("New mail", "Turn 1", "Submit turn 1", "Decided?")
+    loop(w, "Each new message", (-100, 0))
+    call(w, "Settings", SETTINGS, (100, 60))
+    if_(w, "Our own notice?", "(() => { const m = $('Each new message').first().json; "
+        "const own = [$json.mail_from].concat(String($json.notify_to || '').split(',')).map(" + ADDRESS + ").filter(a => a); "
+        "const from = ((m.from || {}).value || []).map(v => String(v.address || '').toLowerCase()); "
+        "return (" + TAGGED + ")(m.subject) && from.some(a => own.includes(a)); })()", (300, 60))
+    noop(w, "Not work", (500, -60), "The assistant's own notification, or a reviewer's reply to one.")
+    first_turn(w, "Turn 1", "(() => { const m = $('Each new message').first().json; return {message_id: m.messageId, from: (m.from || {}).text || '', "
+               "to: ((m.to || {}).value || []).map(a => a.address).filter(a => a), subject: m.subject || '', "
+               "body: (m.text || '').slice(0, 100000)}; })()", (500, 120))
+    call(w, "Submit turn 1", TURN, (700, 120))
+    if_(w, "Decided?", "$json.ok", (900, 120))
+    setjson(w, "The decision", "{op: 'decision', decision: $json.decision}", (1100, 60))
+    call(w, "Act on it", ACT, (1300, 60), alwaysOutputData=True)
+    stop(w, "Turn 1 refused", "'turn 1 not decided (' + $json.status + ' ' + ($json.error.reason || $json.error.code) + '): ' + $json.error.message", (1100, 240))
+    w.chain("New mail", "Each new message")
+    w.connect("Each new message", "Settings", 1)
+    w.chain("Settings", "Our own notice?")
+    w.connect("Our own notice?", "Not work", 0)
+    w.connect("Our own notice?", "Turn 1", 1)
+    w.connect("Not work", "Each new message")
+    w.chain("Turn 1", "Submit turn 1", "Decided?")
     w.connect("Decided?", "The decision", 0)
     w.connect("Decided?", "Turn 1 refused", 1)
-    w.chain("The decision", "Act on it")
+    w.chain("The decision", "Act on it", "Each new message")
 
     w.node("Sent mail", "n8n-nodes-base.emailReadImap", 2.2, {
         "mailbox": "Sent", "postProcessAction": "nothing", "format": "resolved",
         "options": {"customEmailConfig": "[\"ALL\"]", "trackLastMessageId": True},
-    }, (-300, 400), credentials=CRED_IMAP)
-    if_(w, "Answers a thread?", "!!$json.inReplyTo", (-80, 400))
-    setjson(w, "Human reply", "{op: 'human_reply', work_item_id: $json.inReplyTo, human_action: {kind: 'replied', "
-            "text: ($json.text || '').slice(0, 2000), at: $json.date}}", (140, 320))
+    }, (-300, 500), credentials=CRED_IMAP)
+    loop(w, "Each sent message", (-100, 500))
+    if_(w, "Answers a thread?", "!!$json.inReplyTo || [].concat($json.references || []).length > 0", (100, 500))
+    setjson(w, "Human reply", "{op: 'human_reply', work_item_id: $json.inReplyTo || '', thread_ids: [].concat($json.references || []), "
+            "message_id: $json.messageId || '', human_action: {kind: 'replied', text: ($json.text || '').slice(0, 2000), at: $json.date}}", (300, 420))
     setjson(w, "Sent copy", "{op: 'sent_copy', to: ((($json.to || {}).value || [])[0] || {}).address || '', subject: $json.subject || '', "
-            "text: $json.text || '', minute: Math.floor(new Date($json.date || Date.now()).getTime() / 60000)}", (140, 480))
-    call(w, "Reconcile", ACT, (360, 320))
-    call(w, "Record the copy", ACT, (360, 480))
-    w.chain("Sent mail", "Answers a thread?")
+            "text: $json.text || '', minute: Math.floor(new Date($json.date || Date.now()).getTime() / 60000)}", (300, 580))
+    call(w, "Reconcile", ACT, (500, 420), alwaysOutputData=True)
+    call(w, "Record the copy", ACT, (500, 580), alwaysOutputData=True)
+    w.chain("Sent mail", "Each sent message")
+    w.connect("Each sent message", "Answers a thread?", 1)
     w.connect("Answers a thread?", "Human reply", 0)
     w.connect("Answers a thread?", "Sent copy", 1)
-    w.chain("Human reply", "Reconcile")
-    w.chain("Sent copy", "Record the copy")
+    w.chain("Human reply", "Reconcile", "Each sent message")
+    w.chain("Sent copy", "Record the copy", "Each sent message")
     return w
 
 

@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"log/slog"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"syscall"
@@ -30,6 +32,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/crypto/bcrypt"
 
 	"n8nbrain/brain"
 	"n8nbrain/deploy/devstack"
@@ -41,7 +44,10 @@ import (
 
 const (
 	mailFrom = "assistant@e2e.test"
-	notifyTo = "reviewers@e2e.test"
+	// notifyTo is the default (N8NBRAIN_NOTIFY_TO unset): the assistant's
+	// own address, so every notification lands in the INBOX the assistant
+	// reads, and must not become work.
+	notifyTo = mailFrom
 	customer = "jo@customer.example"
 )
 
@@ -57,6 +63,9 @@ type world struct {
 	tenantDB *pgx.Conn
 	imap     *dovecot
 	smtp     *smtpServer
+	proxy    *proxy
+	reviewer string
+	revPass  string
 	secrets  []string
 	n8nLog   string
 }
@@ -66,13 +75,20 @@ func TestAssistantEndToEnd(t *testing.T) {
 	w := setup(t)
 	t.Logf("stack, mail servers and n8n ready in %s", time.Since(started).Round(time.Second))
 
-	t.Run("ApproveSendsTheApprovedTextOnce", func(t *testing.T) { w.approve(t) })
+	t.Run("ApproveOnTheReviewPageSendsTheApprovedTextOnce", func(t *testing.T) { w.approve(t) })
+	t.Run("NotificationInTheOwnInboxIsNotWork", func(t *testing.T) { w.ownNotice(t) })
 	t.Run("Reject", func(t *testing.T) { w.reject(t) })
 	t.Run("EditSendsTheEditedText", func(t *testing.T) { w.edit(t) })
 	t.Run("HumanReplyFirstClosesManualAndSendsNothing", func(t *testing.T) { w.humanFirst(t) })
+	t.Run("HumanReplyAfterApprovalStopsTheSend", func(t *testing.T) { w.humanBeforeSend(t) })
+	t.Run("RecipientRefusedIsFailed", func(t *testing.T) { w.refused(t) })
 	t.Run("SMTPDownIsUnknownThenVerifiedFailed", func(t *testing.T) { w.smtpDown(t) })
 	t.Run("AnswerLostIsUnknownThenVerifiedSent", func(t *testing.T) { w.answerLost(t) })
+	t.Run("FailedEventTurnIsAnswered503AndRedelivered", func(t *testing.T) { w.eventRedelivered(t) })
+	t.Run("HaltedItemNotifiesAndSubmitsNoTurn", func(t *testing.T) { w.halted(t) })
+	t.Run("ClientErrorIsPostedOnceAndFailsTheRun", func(t *testing.T) { w.clientError(t) })
 	t.Run("WebhookIntakeVariant", func(t *testing.T) { w.webhookIntake(t) })
+	t.Run("NoNotificationBecameWork", func(t *testing.T) { w.noNoticeWork(t) })
 	t.Run("NoSecretInSavedRunData", func(t *testing.T) { w.noSecrets(t) })
 	t.Logf("whole run %s", time.Since(started).Round(time.Second))
 }
@@ -128,16 +144,28 @@ func setup(t *testing.T) *world {
 	w.imap = startDovecot(t, dir)
 	w.smtp = newSMTP(t, mailFrom, w.imap)
 
-	// n8n's address is needed by the edge; n8n needs the edge's.
+	// n8n's address is needed by the edge; n8n needs the edge's. Both
+	// talk through the proxy, which counts what passes.
 	n8nPort := freePort(t)
 	w.n8nURL = fmt.Sprintf("http://127.0.0.1:%d", n8nPort)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.proxy = newProxy(t, "http://"+ln.Addr().String(), w.n8nURL)
 	ecfg := st.EdgeConfig(tn)
-	ecfg.WebhookURL = w.n8nURL + "/webhook/brain-events"
+	ecfg.WebhookURL = w.proxy.url + "/webhook/brain-events"
 	ecfg.WebhookSecret = "events-" + randomHex(12)
 	ecfg.WebhookTimeout = time.Minute
 	ecfg.WebhookInitialInterval, ecfg.WebhookMaxInterval = 500*time.Millisecond, 2*time.Second
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// The review page's one reviewer.
+	w.reviewer, w.revPass = "alice", "review-"+randomHex(8)
+	hash, err := bcrypt.GenerateFromPassword([]byte(w.revPass), bcrypt.MinCost)
 	if err != nil {
+		t.Fatal(err)
+	}
+	ecfg.ReviewersFile = filepath.Join(dir, "reviewers")
+	if err := os.WriteFile(ecfg.ReviewersFile, []byte(w.reviewer+":"+string(hash)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	edgeDone := make(chan error, 1)
@@ -153,12 +181,14 @@ func setup(t *testing.T) *world {
 	})
 	w.edgeURL, w.token, w.secret = "http://"+ln.Addr().String(), tn.Token, ecfg.WebhookSecret
 
-	// What the import reads: the same code `make dev` and compose's init use.
+	// What the import reads: the same code `make dev` and compose's init
+	// use, with N8NBRAIN_NOTIFY_TO left to its default. n8n reaches the
+	// edge through the proxy; reviewers follow links to the edge itself.
 	w.intake = "intake-" + randomHex(12)
 	n8nDir := filepath.Join(dir, "n8n-import")
 	_, err = devstack.WriteN8N(n8nDir, devstack.N8NOptions{
-		EdgeURL: w.edgeURL, EdgeToken: w.token, EventSecret: w.secret, IntakeSecret: w.intake,
-		MailFrom: mailFrom, NotifyTo: notifyTo,
+		EdgeURL: w.proxy.url, ReviewURL: w.edgeURL, EdgeToken: w.token, EventSecret: w.secret, IntakeSecret: w.intake,
+		MailFrom:   mailFrom,
 		IMAP:       devstack.MailServer{Host: "127.0.0.1", Port: w.imap.port, User: w.imap.user, Password: w.imap.password},
 		SMTP:       devstack.MailServer{Host: "127.0.0.1", Port: w.smtp.port},
 		VerifyWait: 5 * time.Second,
@@ -166,7 +196,7 @@ func setup(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.secrets = []string{w.token, w.secret, w.intake, w.imap.password}
+	w.secrets = []string{w.token, w.secret, w.intake, w.imap.password, w.revPass}
 
 	// n8n on its own database in the shared cluster.
 	w.startN8N(adminURL, prefix, n8nPort, n8nDir)
@@ -473,8 +503,11 @@ func (w *world) notifications(t *testing.T, contains string) int {
 	return n
 }
 
-const approvedSubject = "Re: your quote request"
-const approvedBody = "Thanks for getting in touch. We are preparing your quote and will send it within two working days."
+// The rule's draft, sent exactly as approved: subject and body.
+const (
+	approvedSubject = "Re: your quote request"
+	approvedBody    = "Thanks for getting in touch. We are preparing your quote and will send it within two working days."
+)
 
 func (w *world) approve(t *testing.T) {
 	id := "<approve-" + randomHex(6) + "@customer.example>"
@@ -488,53 +521,239 @@ func (w *world) approve(t *testing.T) {
 		t.Fatalf("%d replies sent before approval", n)
 	}
 	before := len(w.smtp.to(customer))
-	d := w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	// The first delivery of the approval's event runs in n8n (it sends),
+	// and n8n's answer is lost on its way back to the edge: the edge
+	// delivers the event again, as it must.
+	mark := w.proxy.count()
+	w.proxy.add(&rule{Times: 1, AfterForward: true, Status: http.StatusBadGateway, Match: func(ex exchange) bool {
+		return ex.EventKind == string(wire.EventApprovalDecided) && ex.WorkItemID == id
+	}})
+	w.approveOnReviewPage(t, ap.ID)
 	w.waitItem(t, id, "closed", "succeeded")
+	eventually(t, 2*time.Minute, "the approval's event delivered again and accepted", func() bool {
+		d := deliveries(w.proxy.since(mark), string(wire.EventApprovalDecided), id)
+		return len(d) >= 2 && d[len(d)-1].Answered == http.StatusOK
+	})
 	w.idle(t)
+	d := deliveries(w.proxy.since(mark), string(wire.EventApprovalDecided), id)
+	if d[0].Upstream != http.StatusOK || d[0].Answered != http.StatusBadGateway || d[1].EventID != d[0].EventID {
+		t.Fatalf("deliveries of the approval's event: %+v", d)
+	}
 	got := w.smtp.to(customer)[before:]
 	if len(got) != 1 {
-		t.Fatalf("%d messages to the customer after approval, want exactly 1", len(got))
+		t.Fatalf("%d messages to the customer after approval and the event twice, want exactly 1", len(got))
 	}
 	p := parse(t, got[0])
 	if p.subject(t) != approvedSubject || normalize(p.Body) != approvedBody {
-		t.Fatalf("sent %q / %q, approved %q / %q", p.subject(t), p.Body, approvedSubject, approvedBody)
+		t.Fatalf("sent %q / %q, want the approved %q / %q", p.subject(t), p.Body, approvedSubject, approvedBody)
 	}
 	if !strings.EqualFold(got[0].From, mailFrom) {
 		t.Fatalf("envelope sender %s", got[0].From)
 	}
+	// The turn that reported the send was submitted once: the second
+	// delivery found the approval sent.
+	if n := len(turnPosts(w.proxy.since(mark), id)); n != 3 {
+		t.Fatalf("%d turn submissions for the item after approval (turn 2, its replay, turn 3), want 3: %+v", n, turnPosts(w.proxy.since(mark), id))
+	}
 
-	// A second delivery of the approval_decided event, through the real
-	// path: the brain publishes it again, the edge delivers it to n8n,
-	// n8n acknowledges, and nothing is sent again.
-	mark := w.lastExecution()
-	tag, err := w.tenantDB.Exec(context.Background(), `UPDATE outbox SET delivered_at = NULL, next_attempt_at = now() WHERE id = $1`, d.EventID)
-	if err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("re-queue the event: %v (%d rows)", err, tag.RowsAffected())
-	}
-	// Each delivery is two runs of act: accept the event, act on the decision.
-	w.actRuns(t, mark, 2)
-	w.idle(t)
-	var attempts int
-	_ = w.tenantDB.QueryRow(context.Background(), `SELECT attempts FROM outbox WHERE id = $1`, d.EventID).Scan(&attempts)
-	if attempts < 2 {
-		t.Fatalf("the event was published %d times, want a second delivery", attempts)
-	}
-	if n := len(w.smtp.to(customer)) - before; n != 1 {
-		t.Fatalf("%d messages to the customer after a duplicated event, want 1", n)
-	}
 	// And the same event posted twice more, directly, as the edge would.
-	ev := wire.Event{EventID: d.EventID, Kind: wire.EventApprovalDecided, WorkItemID: id, NextTurn: d.Approval.Turn + 1,
+	ev := wire.Event{EventID: d[0].EventID, Kind: wire.EventApprovalDecided, WorkItemID: id, NextTurn: ap.Turn + 1,
 		ApprovalID: ap.ID, Decision: "approved", OccurredAt: time.Now().UTC()}
-	mark = w.lastExecution()
+	execMark := w.lastExecution()
 	for range 2 {
 		if s := w.postEvent(ev); s != http.StatusOK {
 			t.Fatalf("duplicate event answered %d", s)
 		}
 	}
-	w.actRuns(t, mark, 4)
+	// Each delivery is two runs of act: accept the event, act on the decision.
+	w.actRuns(t, execMark, 4)
 	w.idle(t)
 	if n := len(w.smtp.to(customer)) - before; n != 1 {
-		t.Fatalf("%d messages to the customer after the event came three times, want 1", n)
+		t.Fatalf("%d messages to the customer after the event came four times, want 1", n)
+	}
+	// A duplicated approval_requested does not e-mail the reviewers again.
+	req := wire.Event{EventID: "", Kind: wire.EventApprovalRequested, WorkItemID: id, NextTurn: ap.Turn + 1,
+		ApprovalID: ap.ID, Action: "draft_reply", OccurredAt: time.Now().UTC()}
+	if err := w.tenantDB.QueryRow(context.Background(), `SELECT id FROM outbox WHERE kind = 'approval_requested' AND work_item_id = $1`, id).Scan(&req.EventID); err != nil {
+		t.Fatalf("the approval_requested event: %v", err)
+	}
+	execMark = w.lastExecution()
+	if s := w.postEvent(req); s != http.StatusOK {
+		t.Fatalf("duplicate approval_requested answered %d", s)
+	}
+	w.actRuns(t, execMark, 1)
+	w.idle(t)
+	if n := w.notifications(t, "/review/approvals/"+ap.ID); n != 1 {
+		t.Fatalf("%d reviewer notifications after approval_requested came twice, want 1", n)
+	}
+}
+
+// approveOnReviewPage approves as a reviewer does in a browser: sign in,
+// open the approval, post its approve form as the page filled it.
+func (w *world) approveOnReviewPage(t *testing.T, approvalID string) {
+	t.Helper()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	browser := func(method, path string, form url.Values, cookie string) (*http.Response, string) {
+		var body io.Reader
+		if form != nil {
+			body = strings.NewReader(form.Encode())
+		}
+		req, _ := http.NewRequest(method, w.edgeURL+path, body)
+		if form != nil {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Origin", w.edgeURL)
+			req.Header.Set("Sec-Fetch-Site", "same-origin")
+		}
+		if cookie != "" {
+			req.Header.Set("Cookie", cookie)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	resp, body := browser(http.MethodPost, "/review/login", url.Values{"name": {w.reviewer}, "password": {w.revPass}, "next": {"/review"}}, "")
+	if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) == 0 {
+		t.Fatalf("review sign-in: %d %s", resp.StatusCode, body)
+	}
+	cookie := resp.Cookies()[0].Name + "=" + resp.Cookies()[0].Value
+	resp, page := browser(http.MethodGet, "/review/approvals/"+approvalID, nil, cookie)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("review page: %d %s", resp.StatusCode, page)
+	}
+	form, ok := approveForm(page)
+	if !ok || form.Get("csrf") == "" {
+		t.Fatalf("no approve form with its CSRF token on the review page:\n%s", page)
+	}
+	form.Set("decision", "approve")
+	if resp, body := browser(http.MethodPost, "/review/approvals/"+approvalID, form, cookie); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("approve on the review page: %d %s", resp.StatusCode, body)
+	}
+	status, b := w.edge(http.MethodGet, "/v1/approvals/"+approvalID, nil)
+	var got wire.ApprovalGetReply
+	if status != http.StatusOK || json.Unmarshal(b, &got) != nil {
+		t.Fatalf("GET approval: %d %s", status, b)
+	}
+	if got.Approval.Status != wire.ApprovalStatusApproved || got.Approval.DecidedBy != "reviewer:"+w.reviewer {
+		t.Fatalf("approval after the review page: %+v", got.Approval)
+	}
+}
+
+// approveForm reads the approve form of an approval page: its hidden,
+// text and number inputs, text areas and selected options, as a browser
+// would submit them unchanged.
+func approveForm(body string) (url.Values, bool) {
+	start := strings.Index(body, `<form id="approve-form"`)
+	if start < 0 {
+		return nil, false
+	}
+	end := strings.Index(body[start:], "</form>")
+	if end < 0 {
+		return nil, false
+	}
+	f := body[start : start+end]
+	v := url.Values{}
+	attr := func(tag, name string) (string, bool) {
+		m := regexp.MustCompile(`\s` + name + `="([^"]*)"`).FindStringSubmatch(tag)
+		if m == nil {
+			return "", false
+		}
+		return html.UnescapeString(m[1]), true
+	}
+	for _, tag := range regexp.MustCompile(`<input [^>]*>`).FindAllString(f, -1) {
+		name, ok := attr(tag, "name")
+		if !ok {
+			continue
+		}
+		if typ, _ := attr(tag, "type"); typ == "checkbox" {
+			if strings.Contains(tag, " checked") {
+				v.Set(name, "on")
+			}
+			continue
+		}
+		val, _ := attr(tag, "value")
+		v.Set(name, val)
+	}
+	for _, m := range regexp.MustCompile(`(?s)<textarea [^>]*name="([^"]+)"[^>]*>\n?(.*?)</textarea>`).FindAllStringSubmatch(f, -1) {
+		v.Set(m[1], html.UnescapeString(m[2]))
+	}
+	for _, m := range regexp.MustCompile(`(?s)<select [^>]*name="([^"]+)"[^>]*>(.*?)</select>`).FindAllStringSubmatch(f, -1) {
+		if o := regexp.MustCompile(`<option value="([^"]*)"[^>]*selected`).FindStringSubmatch(m[2]); o != nil {
+			v.Set(m[1], html.UnescapeString(o[1]))
+		}
+	}
+	return v, true
+}
+
+// ownNotice: the reviewers' notification goes to the assistant's own
+// address (the default), so it arrives in the INBOX the assistant reads;
+// so does a reviewer's reply to it from the same mailbox. n8n reads both
+// and makes no work of them.
+func (w *world) ownNotice(t *testing.T) {
+	id := "<notice-" + randomHex(6) + "@customer.example>"
+	w.deliver(t, id, "Quote for a patio", "Could you quote for a 12m2 patio?")
+	ap := w.pendingApproval(t, id)
+	var notice parsed
+	eventually(t, time.Minute, "the reviewers' notification", func() bool {
+		for _, m := range w.smtp.to(notifyTo) {
+			if p := parse(t, m); strings.Contains(p.Body, "/review/approvals/"+ap.ID) {
+				notice = p
+				return true
+			}
+		}
+		return false
+	})
+	noticeID := notice.Header.Get("Message-ID")
+	if !strings.HasPrefix(notice.subject(t), "[n8nbrain] Approval needed: ") || noticeID == "" {
+		t.Fatalf("notification subject %q, Message-ID %q", notice.subject(t), noticeID)
+	}
+	replyID := "<re-notice-" + randomHex(6) + "@e2e.test>"
+	if err := w.imap.save("INBOX", email(replyID, "Assistant <"+mailFrom+">", mailFrom, "Re: "+notice.subject(t),
+		"I'll look at it after lunch.", "In-Reply-To: "+noticeID)); err != nil {
+		t.Fatal(err)
+	}
+	for _, mid := range []string{noticeID, replyID} {
+		eventually(t, time.Minute, "n8n to read "+mid+" from INBOX", func() bool {
+			seen, err := w.imap.seen("INBOX", mid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return seen
+		})
+	}
+	w.idle(t)
+	var n int
+	if err := w.tenantDB.QueryRow(context.Background(), `SELECT count(*) FROM work_items WHERE id = ANY($1)`, []string{noticeID, replyID}).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d work items for the notification and the reply to it, want none", n)
+	}
+	w.decide(t, ap.ID, "reject", map[string]string{"by": "alice", "reason": "not now"})
+	w.waitItem(t, id, "escalated", "")
+	w.idle(t)
+}
+
+// noNoticeWork: over the whole run, every notification landed in INBOX
+// too, and every work item is a customer's message.
+func (w *world) noNoticeWork(t *testing.T) {
+	w.idle(t)
+	var ids []string
+	rows, err := w.tenantDB.Query(context.Background(), `SELECT id FROM work_items WHERE id NOT LIKE '%@customer.example>'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 0 {
+		t.Fatalf("work items that are no customer's message: %v", ids)
+	}
+	if n := len(w.smtp.to(notifyTo)); n < 10 {
+		t.Fatalf("only %d notifications reached the INBOX: the check would prove little", n)
 	}
 }
 
@@ -608,6 +827,109 @@ func (w *world) humanFirst(t *testing.T) {
 	}
 }
 
+// humanBeforeSend: the reviewer approves, and a person answers the thread
+// from their phone after the approval and before the send (the proxy holds
+// n8n's read of the approval, the send path's first step). The check right
+// before sending finds the reply, by the References header alone: nothing
+// is sent, the item closes as closed_manual with what the person wrote.
+func (w *world) humanBeforeSend(t *testing.T) {
+	id := "<late-" + randomHex(6) + "@customer.example>"
+	const lee = "lee@customer.example"
+	w.deliverFrom(t, lee, id, "Quote for a retaining wall", "Could you quote for a 6m retaining wall?")
+	ap := w.pendingApproval(t, id)
+	eventually(t, time.Minute, "the reviewers' notification", func() bool {
+		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
+	})
+	// Every try of the read waits (n8n retries one that times out) until
+	// the release; then they pass.
+	hold := w.proxy.add(&rule{Hold: true, Match: func(ex exchange) bool {
+		return ex.Method == http.MethodGet && ex.Path == "/v1/approvals/"+ap.ID
+	}})
+	mark := w.proxy.count()
+	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	hold.waitHeld(t, 2*time.Minute, "the send path's read of the approval")
+	if p := turnPosts(w.proxy.since(mark), id); len(p) != 1 || p[0].Turn != 2 || p[0].Answered != http.StatusOK {
+		t.Fatalf("before the send: turn submissions %+v, want turn 2 decided", p)
+	}
+	// The reply answers the customer's earlier message in the thread; only
+	// its References name this one.
+	earlier := "<earlier-" + randomHex(6) + "@customer.example>"
+	reply := email("<owner-"+randomHex(6)+"@e2e.test>", "Owner <"+mailFrom+">", lee, "Re: Quote for a retaining wall",
+		"Hi Lee, I'll come by on Monday to measure.", "In-Reply-To: "+earlier, "References: "+earlier+" "+id)
+	if err := w.imap.save("Sent", reply); err != nil {
+		t.Fatal(err)
+	}
+	// n8n recorded it once it reported closed_manual for the message the
+	// reply answers (no work item: the edge says 409).
+	eventually(t, 2*time.Minute, "n8n to record the person's reply", func() bool {
+		for _, ex := range turnPosts(w.proxy.since(mark), earlier) {
+			if ex.Outcome == "closed_manual" && ex.Answered != 0 {
+				return true
+			}
+		}
+		return false
+	})
+	hold.releaseOnce()
+	w.waitItem(t, id, "closed_manual", "closed_manual")
+	w.idle(t)
+	if n := len(w.smtp.to(lee)); n != 0 {
+		t.Fatalf("%d messages to the customer after a person replied first", n)
+	}
+	var human []byte
+	_ = w.tenantDB.QueryRow(context.Background(), `SELECT human_action FROM work_items WHERE id = $1`, id).Scan(&human)
+	if !strings.Contains(string(human), "Monday to measure") {
+		t.Fatalf("human_action %s, want the person's reply", human)
+	}
+	posts := turnPosts(w.proxy.since(mark), id)
+	if last := posts[len(posts)-1]; last.Turn != 3 || last.Outcome != "closed_manual" {
+		t.Fatalf("turn submissions %+v, want turn 3 reporting closed_manual", posts)
+	}
+}
+
+// refused: the SMTP server refuses the recipient (550 at RCPT TO, before
+// any data): a definite refusal, reported failed (no verify_reply_sent),
+// and the item escalated to a person.
+func (w *world) refused(t *testing.T) {
+	id := "<refused-" + randomHex(6) + "@customer.example>"
+	const rex = "rex@customer.example"
+	w.smtp.refuse(rex)
+	w.deliverFrom(t, rex, id, "Quote for a skylight", "Could you quote for a skylight?")
+	ap := w.pendingApproval(t, id)
+	eventually(t, time.Minute, "the reviewers' notification", func() bool {
+		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
+	})
+	mark := w.proxy.count()
+	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	w.waitItem(t, id, "escalated", "failed")
+	if got := w.actions(t, id); got != "draft_reply,send_reply,escalate_item" {
+		t.Fatalf("actions %s", got)
+	}
+	var reported *exchange
+	for _, ex := range turnPosts(w.proxy.since(mark), id) {
+		if ex.Turn == 3 {
+			reported = &ex
+		}
+	}
+	if reported == nil || reported.Outcome != "failed" || !strings.Contains(reported.Detail, "550") {
+		t.Fatalf("turn 3 reported %+v, want failed with the server's 550", reported)
+	}
+	eventually(t, time.Minute, "the escalation notice", func() bool { return w.notifications(t, id) >= 1 })
+	w.idle(t)
+	if n := len(w.smtp.to(rex)); n != 0 {
+		t.Fatalf("%d messages accepted for the refused recipient", n)
+	}
+}
+
+func (w *world) actions(t *testing.T, id string) string {
+	t.Helper()
+	rows, _ := w.tenantDB.Query(context.Background(), `SELECT action FROM decisions WHERE work_item_id = $1 AND action IS NOT NULL ORDER BY turn`, id)
+	actions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(actions, ",")
+}
+
 func (w *world) smtpDown(t *testing.T) {
 	id := "<down-" + randomHex(6) + "@customer.example>"
 	// Its own customer: the same rule-made reply went to Jo already, and a
@@ -628,14 +950,8 @@ func (w *world) smtpDown(t *testing.T) {
 	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
 	// send_reply: unknown; verify_reply_sent: no copy in Sent → failed; escalated.
 	w.waitItem(t, id, "escalated", "failed")
-	var actions []string
-	rows, _ := w.tenantDB.Query(context.Background(), `SELECT action FROM decisions WHERE work_item_id = $1 AND action IS NOT NULL ORDER BY turn`, id)
-	actions, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(actions, ",") != "draft_reply,send_reply,verify_reply_sent,escalate_item" {
-		t.Fatalf("actions %v", actions)
+	if got := w.actions(t, id); got != "draft_reply,send_reply,verify_reply_sent,escalate_item" {
+		t.Fatalf("actions %s", got)
 	}
 	w.smtp.start()
 	restarted = true
@@ -662,13 +978,134 @@ func (w *world) answerLost(t *testing.T) {
 	// copy is in Sent, so verify_reply_sent reports succeeded. Never resent.
 	w.waitItem(t, id, "closed", "succeeded")
 	w.idle(t)
-	if n := len(w.smtp.to(kim)) - before; n != 1 {
-		t.Fatalf("%d messages to the customer, want 1 (no blind repeat)", n)
+	got := w.smtp.to(kim)[before:]
+	if len(got) != 1 {
+		t.Fatalf("%d messages to the customer, want 1 (no blind repeat)", len(got))
+	}
+	if s := parse(t, got[0]).subject(t); s != approvedSubject {
+		t.Fatalf("reply subject %q, want the approved %q", s, approvedSubject)
 	}
 	var last string
 	_ = w.tenantDB.QueryRow(context.Background(), `SELECT last_action FROM work_items WHERE id = $1`, id).Scan(&last)
 	if last != "verify_reply_sent" {
 		t.Fatalf("last action %s, want verify_reply_sent", last)
+	}
+}
+
+// eventRedelivered: n8n's turn 2 for an approval's event fails (the edge
+// answers 503 to every attempt of n8n's run, as when the brain cannot be
+// reached), so n8n answers the event 503; the edge delivers it again, and
+// the item completes with one message sent.
+func (w *world) eventRedelivered(t *testing.T) {
+	id := "<redeliver-" + randomHex(6) + "@customer.example>"
+	const ivy = "ivy@customer.example"
+	w.deliverFrom(t, ivy, id, "Quote for a garden shed", "Could you quote for a garden shed?")
+	ap := w.pendingApproval(t, id)
+	eventually(t, time.Minute, "the reviewers' notification", func() bool {
+		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
+	})
+	// The submit-turn workflow makes 5 attempts per run.
+	const failures = 5
+	mark := w.proxy.count()
+	w.proxy.add(&rule{Times: failures, Status: http.StatusServiceUnavailable, RetryAfter: "1", Match: func(ex exchange) bool {
+		return ex.Method == http.MethodPost && ex.Path == "/v1/turns" && ex.WorkItemID == id && ex.Turn == 2
+	}})
+	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	w.waitItem(t, id, "closed", "succeeded")
+	w.idle(t)
+	d := deliveries(w.proxy.since(mark), string(wire.EventApprovalDecided), id)
+	if len(d) < 2 || d[0].Upstream != http.StatusServiceUnavailable || d[len(d)-1].Upstream != http.StatusOK {
+		t.Fatalf("deliveries of the approval's event %+v, want n8n's 503 first and a later one accepted", d)
+	}
+	turn2 := 0
+	for _, ex := range turnPosts(w.proxy.since(mark), id) {
+		if ex.Turn == 2 {
+			turn2++
+		}
+	}
+	if turn2 < failures+1 {
+		t.Fatalf("%d submissions of turn 2, want the %d refused and one more", turn2, failures)
+	}
+	if n := len(w.smtp.to(ivy)); n != 1 {
+		t.Fatalf("%d messages to the customer, want 1", n)
+	}
+}
+
+// halted: a work item past the tenant's turn ceiling halts; n8n gets
+// item_halted, e-mails a person and submits no turn for it.
+func (w *world) halted(t *testing.T) {
+	id := "<halt-" + randomHex(6) + "@customer.example>"
+	w.deliverFrom(t, "hal@customer.example", id, "Quote for a porch", "Could you quote for a porch?")
+	ap := w.pendingApproval(t, id)
+	eventually(t, time.Minute, "the reviewers' notification", func() bool {
+		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
+	})
+	mark := w.proxy.count()
+	// Something other than n8n keeps submitting turns for the item, past
+	// the ceiling (client-zero's is 8).
+	var rep wire.TurnSubmitReply
+	for turn := 2; rep.Status != wire.WorkItemStatusHalted; turn++ {
+		if turn > 20 {
+			t.Fatalf("no halt by turn 20: %+v", rep)
+		}
+		status, b := w.edge(http.MethodPost, "/v1/turns", wire.TurnSubmitRequest{WorkItemID: id, Turn: turn})
+		if status != http.StatusOK || json.Unmarshal(b, &rep) != nil {
+			t.Fatalf("turn %d: %d %s", turn, status, b)
+		}
+	}
+	eventually(t, 2*time.Minute, "item_halted accepted by n8n", func() bool {
+		d := deliveries(w.proxy.since(mark), string(wire.EventItemHalted), id)
+		return len(d) > 0 && d[len(d)-1].Answered == http.StatusOK
+	})
+	w.idle(t)
+	if n := w.notifications(t, "Work item: "+id); n != 1 {
+		t.Fatalf("%d halt notices naming the item, want 1", n)
+	}
+	if p := turnPosts(w.proxy.since(mark), id); len(p) != 0 {
+		t.Fatalf("n8n submitted turns for the halted item: %+v", p)
+	}
+	if s, _ := w.item(t, id); s != "halted" {
+		t.Fatalf("item %s, want halted", s)
+	}
+}
+
+// clientError: a message without a Message-ID gets the edge's 400 for its
+// turn 1: n8n POSTs it once (no retries of a client error) and the run ends
+// as an error carrying the edge's message.
+func (w *world) clientError(t *testing.T) {
+	mark, execMark := w.proxy.count(), w.lastExecution()
+	if err := w.imap.save("INBOX", email("", "Customer <"+customer+">", mailFrom, "Quote for a gazebo", "Could you quote for a gazebo?")); err != nil {
+		t.Fatal(err)
+	}
+	var refused exchange
+	eventually(t, 2*time.Minute, "n8n's turn 1 without a work item", func() bool {
+		for _, ex := range turnPosts(w.proxy.since(mark), "") {
+			refused = ex
+			return true
+		}
+		return false
+	})
+	w.idle(t)
+	if p := turnPosts(w.proxy.since(mark), ""); len(p) != 1 || refused.Answered != http.StatusBadRequest {
+		t.Fatalf("turn submissions without a work item %+v, want one, answered 400", p)
+	}
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal([]byte(refused.Body), &e) != nil || e.Error.Message == "" {
+		t.Fatalf("the edge's answer %q has no message", refused.Body)
+	}
+	quoted, _ := json.Marshal(e.Error.Message)
+	var status, data string
+	err := w.n8nDB.QueryRow(context.Background(), `SELECT e.status, d.data FROM execution_entity e JOIN execution_data d ON d."executionId" = e.id
+		WHERE e.id > $1 AND e."workflowId" = 'n8nbrainImap' ORDER BY e.id DESC LIMIT 1`, execMark).Scan(&status, &data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != "error" || !strings.Contains(data, strings.Trim(string(quoted), `"`)) {
+		t.Fatalf("the IMAP run ended %s, want error with the edge's message %q", status, e.Error.Message)
 	}
 }
 
@@ -691,8 +1128,13 @@ func (w *world) webhookIntake(t *testing.T) {
 		t.Fatalf("%d replies, want 1", n)
 	}
 	// A bad request gets the edge's 400, once: no retries of client errors.
+	mark := w.proxy.count()
 	if s := w.postStatus("/webhook/new-email", map[string]string{devstack.N8NIntakeHeader: w.intake}, `{"from":"x"}`); s != http.StatusBadRequest {
 		t.Fatalf("intake without a message id: %d, want the edge's 400", s)
+	}
+	w.idle(t)
+	if p := turnPosts(w.proxy.since(mark), ""); len(p) != 1 || p[0].Answered != http.StatusBadRequest {
+		t.Fatalf("turn submissions of the bad request %+v, want one, answered 400", p)
 	}
 }
 

@@ -147,6 +147,17 @@ func (d *dovecot) save(folder string, msg []byte) error {
 	return nil
 }
 
+// seen reports whether a message of a folder carries the \Seen flag: the
+// IMAP trigger that reads INBOX marks what it took.
+func (d *dovecot) seen(folder, messageID string) (bool, error) {
+	out, err := exec.Command("doveadm", "-c", d.conf, "search", "-u", d.user,
+		"mailbox", folder, "header", "Message-ID", messageID, "seen").CombinedOutput()
+	if err != nil {
+		return false, fmt.Errorf("doveadm search %s: %v: %s", folder, err, out)
+	}
+	return strings.TrimSpace(string(out)) != "", nil
+}
+
 // logins counts the IMAP logins of the mailbox's user so far.
 func (d *dovecot) logins() int {
 	b, _ := os.ReadFile(filepath.Join(d.dir, "dovecot.log"))
@@ -166,11 +177,13 @@ func chownR(dir, uid, gid string) error {
 }
 
 // smtpServer is the mailbox's SMTP server: a real SMTP server (go-smtp) on
-// loopback that keeps every message it accepted, byte for byte, and files
-// a copy of what the assistant sends into its Sent folder, as hosted
-// mailboxes (Gmail, Microsoft 365) do. It can be stopped (the port
-// refuses connections) and started again, and can drop the connection
-// after accepting a message, before its answer (an "unknown" send).
+// loopback that keeps every message it accepted, byte for byte, files a
+// copy of what the assistant sends into its Sent folder, as hosted
+// mailboxes (Gmail, Microsoft 365) do, and delivers what is addressed to
+// the assistant's own address into its INBOX. It can be stopped (the port
+// refuses connections) and started again, can refuse recipients (550 at
+// RCPT TO, before any data), and can drop the connection after accepting a
+// message, before its answer (an "unknown" send).
 type smtpServer struct {
 	t        *testing.T
 	port     int
@@ -180,6 +193,7 @@ type smtpServer struct {
 	srv      *smtp.Server
 	received []received
 	dropNext bool
+	refused  map[string]bool
 	arrived  chan received
 }
 
@@ -190,7 +204,7 @@ type received struct {
 }
 
 func newSMTP(t *testing.T, from string, d *dovecot) *smtpServer {
-	s := &smtpServer{t: t, port: freePort(t), from: from, dovecot: d, arrived: make(chan received, 100)}
+	s := &smtpServer{t: t, port: freePort(t), from: from, dovecot: d, refused: map[string]bool{}, arrived: make(chan received, 100)}
 	s.start()
 	t.Cleanup(s.stop)
 	return s
@@ -257,8 +271,21 @@ type smtpSession struct {
 
 func (ss *smtpSession) Mail(from string, _ *smtp.MailOptions) error { ss.from = from; return nil }
 func (ss *smtpSession) Rcpt(to string, _ *smtp.RcptOptions) error {
+	ss.s.mu.Lock()
+	refused := ss.s.refused[strings.ToLower(to)]
+	ss.s.mu.Unlock()
+	if refused {
+		return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "Recipient address rejected: mailbox unavailable"}
+	}
 	ss.to = append(ss.to, to)
 	return nil
+}
+
+// refuse makes the server refuse a recipient from now on.
+func (s *smtpServer) refuse(rcpt string) {
+	s.mu.Lock()
+	s.refused[strings.ToLower(rcpt)] = true
+	s.mu.Unlock()
 }
 func (ss *smtpSession) Reset()        { ss.from, ss.to = "", nil }
 func (ss *smtpSession) Logout() error { return nil }
@@ -278,6 +305,14 @@ func (ss *smtpSession) Data(r io.Reader) error {
 	if strings.EqualFold(ss.from, s.from) {
 		if err := s.dovecot.save("Sent", b); err != nil {
 			s.t.Errorf("file the sent copy: %v", err)
+		}
+	}
+	for _, r := range ss.to {
+		if strings.EqualFold(r, s.from) {
+			if err := s.dovecot.save("INBOX", b); err != nil {
+				s.t.Errorf("deliver into INBOX: %v", err)
+			}
+			break
 		}
 	}
 	s.arrived <- m
@@ -323,11 +358,14 @@ func (p parsed) subject(t *testing.T) string {
 	return s
 }
 
-// email builds an inbound message.
+// email builds an inbound message; without msgID it has no Message-ID.
 func email(msgID, from, to, subject, body string, extra ...string) []byte {
 	var b strings.Builder
-	fmt.Fprintf(&b, "From: %s\r\nTo: %s\r\nSubject: %s\r\nMessage-ID: %s\r\nDate: %s\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n",
-		from, to, subject, msgID, time.Now().UTC().Format(time.RFC1123Z))
+	fmt.Fprintf(&b, "From: %s\r\nTo: %s\r\nSubject: %s\r\nDate: %s\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n",
+		from, to, subject, time.Now().UTC().Format(time.RFC1123Z))
+	if msgID != "" {
+		fmt.Fprintf(&b, "Message-ID: %s\r\n", msgID)
+	}
 	for _, h := range extra {
 		b.WriteString(h + "\r\n")
 	}
