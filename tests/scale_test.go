@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
 	"n8nbrain/brain"
@@ -56,6 +58,103 @@ func TestTimersExpireApprovals(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM work_items WHERE id = $1 AND status = 'escalated' AND needs_human`, id); n != 1 {
 		t.Fatal("the item was not re-queued for a human")
+	}
+}
+
+// expirySchedules returns the times of the tenant's stored expiry timers
+// (every brain process has its own), read from SCHEDULES.
+func expirySchedules(t *testing.T, s *system, account string) []time.Time {
+	t.Helper()
+	ctx := context.Background()
+	st, err := s.stack.Streams.JS.Stream(ctx, subjects.SchedulesStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjects.Schedule(account, subjects.DueExpiry, "*")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []time.Time
+	for subj := range info.State.Subjects {
+		m, err := st.GetLastMsgForSubject(ctx, subj)
+		if err != nil {
+			continue // fired meanwhile: the server removed it
+		}
+		at, err := time.Parse(time.RFC3339, strings.TrimPrefix(m.Header.Get("Nats-Schedule"), "@at "))
+		if err != nil {
+			t.Fatalf("schedule %s: %v", subj, err)
+		}
+		out = append(out, at)
+	}
+	return out
+}
+
+// Two replicas' timers: replica A sets the tenant's expiry timer for an
+// approval, then replica B, which knows nothing of A's timer, sets its own
+// for a later one. A's approval still expires at its time. (With one timer
+// per tenant and kind shared by every replica, B replaced A's earlier time
+// with its later one, and A's approval waited for the reconciliation pass.)
+func TestTimersOfTwoReplicasKeepTheEarliest(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	sp := spec("timer-two")
+	sp.ApprovalTTL = 20 * time.Second
+	a := s.tenant(sp)
+	ea := s.startEdge(a, nil)
+	db := s.tenantDB(a)
+	stopA := s.startBrain("a", noSafetyNet)
+	first := "<timer-two-first@customer.example>"
+	ap1 := ea.submit(quoteEmail(first)).reply(t).Action.ApprovalID
+	var expires1 time.Time
+	if err := db.QueryRow(context.Background(), `SELECT expires_at FROM approvals WHERE id = $1`, ap1).Scan(&expires1); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "replica A's expiry timer", func() bool { return len(expirySchedules(t, s, a.Account.Public)) == 1 })
+	stopA()
+
+	// The tenant's approvals now wait an hour: B's approval expires long
+	// after A's.
+	reg, err := s.stack.Ops.RegistryAdmin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(context.Background())
+	if _, err := reg.Exec(context.Background(), `UPDATE tenants SET approval_ttl_seconds = 3600 WHERE id = $1`, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.startBrain("b", noSafetyNet)
+	later := ea.submit(quoteEmail("<timer-two-later@customer.example>")).reply(t).Action.ApprovalID
+	var expires2 time.Time
+	if err := db.QueryRow(context.Background(), `SELECT expires_at FROM approvals WHERE id = $1`, later).Scan(&expires2); err != nil {
+		t.Fatal(err)
+	}
+	if expires2.Sub(expires1) < 30*time.Minute {
+		t.Fatalf("B's approval expires at %s, not long after A's (%s)", expires2, expires1)
+	}
+	eventually(t, 10*time.Second, "replica B's later expiry timer", func() bool {
+		for _, at := range expirySchedules(t, s, a.Account.Public) {
+			if at.After(expires1.Add(30 * time.Minute)) {
+				return true
+			}
+		}
+		return false
+	})
+	if time.Now().After(expires1) {
+		t.Fatalf("the set-up took until after A's approval expired (%s): it proves nothing", expires1)
+	}
+	eventually(t, time.Until(expires1)+20*time.Second, "A's approval to expire", func() bool {
+		return count(t, db, `SELECT count(*) FROM approvals WHERE id = $1 AND status = 'expired'`, ap1) == 1
+	})
+	var late time.Duration
+	if err := db.QueryRow(context.Background(), `SELECT decided_at - expires_at FROM approvals WHERE id = $1`, ap1).Scan(&late); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("A's approval expired %s after its time, with B's timer set for an hour later", late)
+	if late > 5*time.Second {
+		t.Fatalf("A's approval expired %s late", late)
+	}
+	if n := count(t, db, `SELECT count(*) FROM approvals WHERE id = $1 AND status = 'pending'`, later); n != 1 {
+		t.Fatal("B's approval is no longer pending")
 	}
 }
 
