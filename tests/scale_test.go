@@ -11,15 +11,19 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
 	"n8nbrain/brain"
 	"n8nbrain/deploy/devstack"
 	"n8nbrain/edge"
+	"n8nbrain/nats/stream"
+	"n8nbrain/provision"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
@@ -357,9 +361,12 @@ func TestIdleTenantsCostNothing(t *testing.T) {
 	assertFirstTry(t, metricsURL)
 }
 
-// addRegistryTenants writes n tenants straight into the registry (their
-// databases are never reached: they stay idle) and provisions their streams,
-// as many tenants as the test needs without n databases.
+// addRegistryTenants writes n tenants straight into the registry, in one
+// transaction (their databases are never reached: they stay idle), and
+// provisions their turn streams and consumers with a few workers at once,
+// in memory and small (nothing is ever published to them, and file streams
+// take much longer to create under the race detector): as many tenants as
+// a replica's start-up needs without n databases.
 func addRegistryTenants(t testing.TB, s *system, prefix string, n int) []*registry.Tenant {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -369,35 +376,86 @@ func addRegistryTenants(t testing.TB, s *system, prefix string, n int) []*regist
 		t.Fatal(err)
 	}
 	defer reg.Close(context.Background())
-	var out []*registry.Tenant
+	out := make([]*registry.Tenant, n)
 	for i := range n {
 		kp, err := nkeys.CreateAccount()
 		if err != nil {
 			t.Fatal(err)
 		}
 		pub, _ := kp.PublicKey()
-		tn := registry.Tenant{ID: registry.TenantID(fmt.Sprintf("%s-%04d", prefix, i)), NATSAccount: pub, Status: registry.TenantStatusActive,
+		out[i] = &registry.Tenant{ID: registry.TenantID(fmt.Sprintf("%s-%04d", prefix, i)), NATSAccount: pub, Status: registry.TenantStatusActive,
 			DB:          registry.DBConfig{Host: "127.0.0.1", Port: 1, Name: "never", User: "never", PasswordSealed: []byte("never opened")},
 			TurnCeiling: 8, ApprovalMode: registry.ApprovalModeReviewApp, ApprovalTTL: time.Hour, CatalogueVersion: 1,
 			Categories: []string{"general"}}
-		if err := registry.TenantInsert(ctx, reg, tn); err != nil {
-			t.Fatal(err)
+	}
+	small := s.streams
+	small.Memory = true
+	// What a replica binds to at start: the turn stream and its consumer
+	// (the results stream is only written to, after a turn).
+	bind := func(ctx context.Context, tn *registry.Tenant) error {
+		l := provision.LimitsOf(tn.Quota)
+		l.MaxBytes = 256 << 10 // below what the registry allows: these stay empty
+		js := s.stack.Streams.JS
+		if _, err := js.CreateOrUpdateStream(ctx, stream.Turns(small, tn.NATSAccount, l)); err != nil {
+			return err
 		}
-		if err := s.stack.Streams.EnsureTenant(ctx, &tn); err != nil {
-			t.Fatal(err)
+		_, err := js.CreateOrUpdateConsumer(ctx, subjects.TurnsStream(tn.NATSAccount), stream.Consumer(small, l))
+		return err
+	}
+	if err := pgx.BeginFunc(ctx, reg, func(tx pgx.Tx) error {
+		for _, tn := range out {
+			if err := registry.TenantInsert(ctx, tx, *tn); err != nil {
+				return err
+			}
 		}
-		out = append(out, &tn)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	next := make(chan *registry.Tenant)
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range cap(errs) {
+		wg.Go(func() {
+			for tn := range next {
+				if err := bind(ctx, tn); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	go func() {
+		defer close(next)
+		for _, tn := range out {
+			select {
+			case next <- tn:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		cancel()
+		t.Fatal(err)
 	}
 	return out
 }
 
-// A replica binds to every tenant in the registry at start, and a change to
+// A replica starts with a thousand tenants in the registry within seconds
+// (every tenant's turn consumer bound, its API subscribed), and a change to
 // one tenant's row reloads that tenant only.
 func TestManyTenantsStartAndReloadOne(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
-	const n = 200
+	const n = 1000
+	// Generous for a loaded 2-core machine; it takes about a second when quiet.
+	const startBound = 20 * time.Second
+	provisioned := time.Now()
 	addRegistryTenants(t, s, "many", n)
+	t.Logf("wrote %d registry rows and their streams in %s", n, time.Since(provisioned))
 	a := s.tenant(spec("many-real"))
 	ops, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -413,7 +471,11 @@ func TestManyTenantsStartAndReloadOne(t *testing.T) {
 	eventually(t, time.Minute, "the replica to bind every tenant", func() bool {
 		return metricValue(t, metricsURL, "brain_tenants_consumed") == n+1
 	})
-	t.Logf("bound %d tenants' consumers in %s", n+1, time.Since(start))
+	took := time.Since(start)
+	t.Logf("started and bound %d tenants' consumers in %s", n+1, took)
+	if took > startBound {
+		t.Fatalf("a replica took %s to start with %d tenants, more than %s", took, n+1, startBound)
+	}
 	all := metricValue(t, metricsURL, `brain_registry_reloads_total{scope="all"}`)
 	one := metricValue(t, metricsURL, `brain_registry_reloads_total{scope="tenant"}`)
 
