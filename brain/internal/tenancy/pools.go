@@ -53,7 +53,11 @@ type poolSet struct {
 	waiters  int                               // leases waiting for a slot
 	freed    chan struct{}                     // closed (and replaced) when a slot may be had
 	closing  sync.WaitGroup
+	closed   bool // Directory.Close: no pool opens any more
 }
+
+// errClosed is a lease asked of a closed directory (a replica stopping).
+var errClosed = errors.New("tenancy: the directory is closed")
 
 func newPoolSet() *poolSet {
 	return &poolSet{open: map[registry.TenantID]*tenantPool{}, retiring: map[*tenantPool]struct{}{}, freed: make(chan struct{})}
@@ -114,6 +118,9 @@ func (d *Directory) lease(ctx context.Context, t *registry.Tenant) (*tenantPool,
 // leaseLocked leases t's pool, or returns a channel to wait on for a slot.
 func (d *Directory) leaseLocked(ctx context.Context, t *registry.Tenant) (*tenantPool, <-chan struct{}, error) {
 	ps := d.pools
+	if ps.closed {
+		return nil, nil, errClosed
+	}
 	if tp, ok := ps.open[t.ID]; ok {
 		if sameDB(tp.db, t.DB) {
 			tp.leases++
@@ -148,7 +155,7 @@ func (d *Directory) release(tp *tenantPool, closeUnshared bool) {
 	defer d.mu.Unlock()
 	tp.leases--
 	tp.lastUsed = time.Now()
-	if tp.leases > 0 {
+	if tp.leases > 0 || d.pools.closed {
 		return
 	}
 	switch {
@@ -312,6 +319,7 @@ func (d *Directory) Close() {
 		all = append(all, tp)
 	}
 	d.pools.open, d.pools.retiring = map[registry.TenantID]*tenantPool{}, map[*tenantPool]struct{}{}
+	d.pools.closed = true
 	d.mu.Unlock()
 	for _, tp := range all {
 		tp.pool.Close()
