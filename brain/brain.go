@@ -313,7 +313,8 @@ func (b *brain) visit(ctx context.Context, t *registry.Tenant, timeout time.Dura
 		}
 		return nil
 	})
-	if err = b.dir.Check(t, err); err != nil && ctx.Err() == nil {
+	var le *tenancy.LoginError
+	if err = b.dir.Check(t, err); err != nil && ctx.Err() == nil && !errors.As(err, &le) { // a refused login is logged once, by Check
 		b.log.Warn("reconcile: open the tenant's pool", "tenant_id", t.ID, "error", err)
 	}
 }
