@@ -38,7 +38,7 @@ verify: lint
 build:
 	$(GO) build -o bin/ ./brain/cmd/brain ./brain/cmd/brain-eval ./edge/cmd/edge ./deploy/cmd/devstack ./provision/cmd/brainctl
 
-## bench: the turn benchmarks and the LangGraph baseline of BENCHMARKS.md, with a summary of ratios (not part of test/CI)
+## bench: the turn, scale and NATS-cluster benchmarks and the LangGraph baseline of BENCHMARKS.md, with a summary (not part of test/CI)
 bench:
 	@tests/bench/run.sh
 

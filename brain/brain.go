@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -259,9 +260,14 @@ func modelStage(ctx context.Context, cfg ModelConfig, inst *instruments, log *sl
 
 // reconcile is the timers' safety net: every cfg.ReconcileInterval it
 // visits every tenant once, spread evenly over the interval (never a burst
-// of pools): it sweeps expired approvals, which sets the expiry timer, and
-// forwards undelivered events, which sets the outbox timer. It repairs the timers a replica that died between a commit
-// and its wake-up left unset; in normal work the timers do everything.
+// of pools): it sweeps expired approvals, which sets the expiry timer,
+// forwards undelivered events, which sets the outbox timer, and counts the
+// tenant's pending work. It repairs the timers a replica that died between
+// a commit and its wake-up left unset; in normal work the timers do
+// everything. A visit leaves nothing open: an idle tenant's pool is opened
+// for the visit's few statements on one connection and closed after it
+// (tenancy.Directory.Visit), so an idle replica holds no tenant connection
+// between visits, whatever the number of tenants.
 func (b *brain) reconcile(ctx context.Context) {
 	for {
 		tenants := b.dir.Tenants()
@@ -275,16 +281,7 @@ func (b *brain) reconcile(ctx context.Context) {
 			if t.Status != registry.TenantStatusActive {
 				continue
 			}
-			if _, err := b.approvals.Expire(ctx, t); err != nil && ctx.Err() == nil {
-				b.log.Warn("reconcile approvals", "tenant_id", t.ID, "error", err)
-			}
-			if err := b.outbox.Forward(ctx, t); err != nil && ctx.Err() == nil {
-				b.log.Warn("reconcile events", "tenant_id", t.ID, "error", err)
-			}
-			// The pass has the tenant's pool open: its pending approvals and
-			// events are counted again, so no tenant's figures are older
-			// than one interval.
-			b.pending.kick(t)
+			b.visit(ctx, t, max(step, visitTimeout))
 		}
 		if len(tenants) == 0 {
 			select {
@@ -293,6 +290,32 @@ func (b *brain) reconcile(ctx context.Context) {
 			case <-time.After(step):
 			}
 		}
+	}
+}
+
+// visitTimeout bounds one tenant's visit by the reconciliation pass, at
+// least (a replica at its connection cap waits for a slot).
+const visitTimeout = 30 * time.Second
+
+func (b *brain) visit(ctx context.Context, t *registry.Tenant, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := b.dir.Visit(ctx, t, func(pool *pgxpool.Pool) error {
+		if _, err := b.approvals.ExpireOn(ctx, t, pool); err != nil && ctx.Err() == nil {
+			b.log.Warn("reconcile approvals", "tenant_id", t.ID, "error", err)
+		}
+		if err := b.outbox.ForwardOn(ctx, t, pool); err != nil && ctx.Err() == nil {
+			b.log.Warn("reconcile events", "tenant_id", t.ID, "error", err)
+		}
+		// No tenant's figures are older than one interval.
+		if err := b.pending.countOn(ctx, t, pool); err != nil && ctx.Err() == nil {
+			b.log.Debug("count pending approvals and events", "tenant_id", t.ID, "error", err)
+		}
+		return nil
+	})
+	var le *tenancy.LoginError
+	if err = b.dir.Check(t, err); err != nil && ctx.Err() == nil && !errors.As(err, &le) { // a refused login is logged once, by Check
+		b.log.Warn("reconcile: open the tenant's pool", "tenant_id", t.ID, "error", err)
 	}
 }
 

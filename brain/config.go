@@ -46,8 +46,11 @@ type Config struct {
 	// the other tenants. BRAIN_TENANT_WORKERS, default a quarter of Workers
 	// (at least 1).
 	TenantWorkers int
-	// DBConnsPerTenant and DBMaxConns bound tenant database connections.
-	// BRAIN_DB_CONNS_PER_TENANT (default 4), BRAIN_DB_MAX_CONNS (default 64).
+	// DBConnsPerTenant and DBMaxConns bound tenant database connections:
+	// each open tenant pool counts its full size against the cap, so the
+	// cap must be at least one pool. BRAIN_DB_CONNS_PER_TENANT (default 4),
+	// BRAIN_DB_MAX_CONNS (default 64). The registry reader's pool (4) is
+	// outside the cap.
 	DBConnsPerTenant int32
 	DBMaxConns       int
 	// DBIdleTimeout closes a tenant's pool idle that long, so an idle tenant
@@ -149,6 +152,12 @@ func (c Config) withDefaults() Config {
 	if c.ReconcileInterval == 0 {
 		c.ReconcileInterval = 30 * time.Minute
 	}
+	if c.DBConnsPerTenant == 0 {
+		c.DBConnsPerTenant = 4
+	}
+	if c.DBMaxConns == 0 {
+		c.DBMaxConns = 64
+	}
 	if c.Model.Name == "" {
 		c.Model.Name = DefaultModel
 	}
@@ -180,6 +189,12 @@ func (c Config) validate() error {
 	}
 	if c.TenantWorkers < 1 || c.TenantWorkers > c.Workers {
 		errs = append(errs, fmt.Errorf("BRAIN_TENANT_WORKERS must be between 1 and BRAIN_WORKERS (%d), got %d", c.Workers, c.TenantWorkers))
+	}
+	if c.DBConnsPerTenant < 1 {
+		errs = append(errs, fmt.Errorf("BRAIN_DB_CONNS_PER_TENANT must be at least 1, got %d", c.DBConnsPerTenant))
+	} else if c.DBMaxConns < int(c.DBConnsPerTenant) {
+		errs = append(errs, fmt.Errorf("BRAIN_DB_MAX_CONNS (%d) must be at least BRAIN_DB_CONNS_PER_TENANT (%d): "+
+			"the cap counts every open tenant pool at its full size, so no pool could ever open", c.DBMaxConns, c.DBConnsPerTenant))
 	}
 	if c.Model.URL != "" {
 		if _, err := model.ParseURL(c.Model.URL); err != nil {
@@ -251,6 +266,9 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	intVar("BRAIN_WORKERS", &c.Workers)
 	intVar("BRAIN_DB_CONNS_PER_TENANT", &perTenant)
 	intVar("BRAIN_DB_MAX_CONNS", &c.DBMaxConns)
+	if perTenant < 0 || perTenant > 1000 {
+		errs = append(errs, fmt.Errorf("BRAIN_DB_CONNS_PER_TENANT must be between 1 and 1000, got %d", perTenant))
+	}
 	c.DBConnsPerTenant = int32(perTenant)
 	intVar("BRAIN_MODEL_CONCURRENCY", &c.Model.Concurrency)
 	intVar("BRAIN_MODEL_BREAKER_MIN_CALLS", &c.Model.BreakerMinCalls)

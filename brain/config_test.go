@@ -113,3 +113,52 @@ func TestSealingKeysFromEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestDBConnsConfig: the cap on tenant connections must hold at least one
+// tenant's pool, or no pool could ever open; that is a configuration
+// error naming both settings, not a brain that waits for ever.
+func TestDBConnsConfig(t *testing.T) {
+	t.Parallel()
+	base := map[string]string{"BRAIN_NATS_URL": "nats://x", "BRAIN_NATS_CREDS": "c", "BRAIN_REGISTRY_URL": "postgres://x",
+		"BRAIN_SEALING_KEY": strings.Repeat("ab", 32)}
+	for _, tc := range []struct {
+		name                string
+		perTenant, maxConns string
+		want                string // in the error; empty: valid
+		wantPer, wantMax    int
+	}{
+		{"Defaults", "", "", "", 4, 64},
+		{"CapOfOnePool", "8", "8", "", 8, 8},
+		{"CapBelowOnePool", "", "2", "BRAIN_DB_MAX_CONNS (2) must be at least BRAIN_DB_CONNS_PER_TENANT (4)", 0, 0},
+		{"CapBelowSetPool", "10", "9", "BRAIN_DB_MAX_CONNS (9) must be at least BRAIN_DB_CONNS_PER_TENANT (10)", 0, 0},
+		{"NegativePool", "-1", "", "BRAIN_DB_CONNS_PER_TENANT must be", 0, 0},
+		{"HugePool", "5000000000", "", "BRAIN_DB_CONNS_PER_TENANT must be", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{"BRAIN_DB_CONNS_PER_TENANT": tc.perTenant, "BRAIN_DB_MAX_CONNS": tc.maxConns}
+			c, err := ConfigFromEnv(func(k string) string {
+				if v, ok := env[k]; ok {
+					return v
+				}
+				return base[k]
+			})
+			if err == nil {
+				c = c.withDefaults()
+				err = c.validate()
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if int(c.DBConnsPerTenant) != tc.wantPer || c.DBMaxConns != tc.wantMax {
+					t.Fatalf("per tenant %d, cap %d; want %d and %d", c.DBConnsPerTenant, c.DBMaxConns, tc.wantPer, tc.wantMax)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+}

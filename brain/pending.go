@@ -110,15 +110,23 @@ func (w *pendingWatch) run(ctx context.Context) {
 func (w *pendingWatch) count(ctx context.Context, t *registry.Tenant) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	pool, err := w.dir.Pool(ctx, t)
+	pool, release, err := w.dir.Lease(ctx, t)
 	if err != nil {
 		return err
 	}
+	defer release()
+	return w.countOn(ctx, t, pool)
+}
+
+// countOn counts t's pending work on a tenant database the caller holds
+// (the reconciliation pass's visit).
+func (w *pendingWatch) countOn(ctx context.Context, t *registry.Tenant, q store.DBTX) error {
+	var err error
 	s := &pendingSnapshot{tenant: t.ID, account: t.NATSAccount, at: time.Now()}
-	if s.approvals, s.total, err = store.ApprovalPendingTimes(ctx, pool, pendingListLimit); err != nil {
+	if s.approvals, s.total, err = store.ApprovalPendingTimes(ctx, q, pendingListLimit); err != nil {
 		return err
 	}
-	if s.outboxN, s.outboxOld, err = store.OutboxBacklog(ctx, pool); err != nil {
+	if s.outboxN, s.outboxOld, err = store.OutboxBacklog(ctx, q); err != nil {
 		return err
 	}
 	w.mu.Lock()

@@ -61,8 +61,9 @@ func ResultsStream(account string) string { return resultsStreamPrefix + account
 // the brain and provisioning reach it; no tenant imports it.
 const SchedulesStream = "SCHEDULES"
 
-// Schedule kinds: what becomes due. A tenant has one timer of each kind,
-// id "next" (timers of older brains, id an approval id, are handled alike).
+// Schedule kinds: what becomes due. A tenant has one timer of each kind per
+// brain process, its id the process's own (timers of older brains, id
+// "next" or an approval id, are handled alike).
 const (
 	// DueExpiry: the earliest expiry of the tenant's pending approvals.
 	DueExpiry = "expiry"

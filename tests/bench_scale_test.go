@@ -7,8 +7,11 @@ package tests
 //                         brain replica as its own process, measures its
 //                         start, a minute of idling (CPU, RSS, connections),
 //                         then a Zipf-skewed load over every tenant.
-//   BenchmarkClusterCost  the same turn load on one NATS server and on a
-//                         three-node cluster with R3 streams, in one run.
+//   BenchmarkClusterCost  the same turn load, spread over BENCH_CLUSTER_TENANTS
+//                         (8) tenants, on one NATS server and on a three-node
+//                         cluster with R3 streams, in one run: latency,
+//                         turns/s and CPU per turn (the brain as a process of
+//                         its own).
 
 import (
 	"bufio"
@@ -53,10 +56,22 @@ type brainProcess struct {
 
 func startBrainProcess(b *testing.B, s *system, replica string, extraEnv ...string) *brainProcess {
 	b.Helper()
+	return startBrainBinary(b, s, buildBrain(b), replica, extraEnv...)
+}
+
+// buildBrain builds the brain binary (before anything is timed).
+func buildBrain(b *testing.B) string {
+	b.Helper()
 	bin := filepath.Join(b.TempDir(), "brain")
 	if out, err := exec.Command("go", "build", "-o", bin, "../brain/cmd/brain").CombinedOutput(); err != nil {
 		b.Fatalf("build the brain: %v\n%s", err, out)
 	}
+	return bin
+}
+
+// startBrainBinary runs the brain binary bin as a replica of s.
+func startBrainBinary(b *testing.B, s *system, bin, replica string, extraEnv ...string) *brainProcess {
+	b.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -221,8 +236,9 @@ func BenchmarkScale(b *testing.B) {
 	provisioned := time.Since(t0)
 	b.Logf("provisioned %d tenants in %s (%s each)", n, provisioned, provisioned/time.Duration(n))
 
+	bin := buildBrain(b) // not part of the start-up time
 	t0 = time.Now()
-	p := startBrainProcess(b, s, "scale-1", "BRAIN_DB_IDLE_TIMEOUT=20s")
+	p := startBrainBinary(b, s, bin, "scale-1", "BRAIN_DB_IDLE_TIMEOUT=20s")
 	eventually2(b, 5*time.Minute, func() bool { return metricFrom(p.metrics, "brain_tenants_consumed") == float64(n) })
 	started := time.Since(t0)
 	b.Logf("a replica bound %d tenants in %s", n, started)
@@ -275,6 +291,7 @@ func BenchmarkScale(b *testing.B) {
 	b.ReportMetric(started.Seconds(), "start_s")
 	b.ReportMetric(idleCPU, "idle_cpu_pct")
 	b.ReportMetric(idleRSS, "idle_rss_MiB")
+	b.ReportMetric(float64(peakIdleConns), "idle_peak_pg_conns")
 	b.ReportMetric(tps, "turns/s")
 	b.ReportMetric(us(lat.pct(0.5)), "p50_us")
 	b.ReportMetric(us(lat.pct(0.99)), "p99_us")
@@ -285,26 +302,59 @@ func BenchmarkScale(b *testing.B) {
 
 func BenchmarkClusterCost(b *testing.B) {
 	total := envInt("BENCH_CLUSTER_TURNS", 5000)
-	measure := func(nodes int) (latencies, float64) {
-		s := newSystemWith(b, func(c *devstack.Config) { c.NATSNodes = nodes })
-		sp := spec(fmt.Sprintf("cost-r%d", nodes))
-		sp.Quota = registry.Quota{Turns: 1_000_000}
-		tn := s.tenant(sp)
-		s.startBrain("r1", nil)
-		conns := []*nats.Conn{s.tenantConn(tn)}
-		natsLoad(b, conns, 16, 200, func(*rand.Rand) int { return 0 }) // warm-up
-		return natsLoad(b, conns, 16, total, func(*rand.Rand) int { return 0 })
+	nTenants := envInt("BENCH_CLUSTER_TENANTS", 8)
+	bin := buildBrain(b)
+	type run struct {
+		lat latencies
+		tps float64
+		// CPU per turn: the brain (a process of its own), the test process
+		// (the NATS servers, all nodes, and the load client), Postgres.
+		brain, test, pg time.Duration
 	}
-	l1, tps1 := measure(1)
-	l3, tps3 := measure(3)
-	b.Logf("R1 on one server: %.0f turns/s, p50 %s p99 %s; R3 on three: %.0f turns/s, p50 %s p99 %s",
-		tps1, l1.pct(0.5), l1.pct(0.99), tps3, l3.pct(0.5), l3.pct(0.99))
-	b.ReportMetric(tps1, "r1_turns/s")
-	b.ReportMetric(tps3, "r3_turns/s")
-	b.ReportMetric(us(l1.pct(0.5)), "r1_p50_us")
-	b.ReportMetric(us(l3.pct(0.5)), "r3_p50_us")
-	b.ReportMetric(us(l3.pct(0.5))/us(l1.pct(0.5)), "r3_over_r1_p50")
-	b.ReportMetric(tps1/tps3, "r1_over_r3_turns/s")
+	measure := func(nodes int) run {
+		s := newSystemWith(b, func(c *devstack.Config) { c.NATSNodes = nodes })
+		var conns []*nats.Conn
+		for i := range nTenants {
+			sp := spec(fmt.Sprintf("cost-r%d-%d", nodes, i))
+			sp.Quota = registry.Quota{Turns: 1_000_000}
+			conns = append(conns, s.tenantConn(s.tenant(sp)))
+		}
+		p := startBrainBinary(b, s, bin, "r1")
+		eventually2(b, time.Minute, func() bool { return metricFrom(p.metrics, "brain_tenants_consumed") == float64(nTenants) })
+		spread := func(r *rand.Rand) int { return r.IntN(len(conns)) }
+		natsLoad(b, conns, 16, 200, spread) // warm-up
+		cpu := func() (brain, test, pg time.Duration) {
+			return p.cpu(), procCPU(os.Getpid()), sumCPU(postgresPIDs(b, s))
+		}
+		b0, t0, pg0 := cpu()
+		lat, tps := natsLoad(b, conns, 16, total, spread)
+		b1, t1, pg1 := cpu()
+		per := time.Duration(max(len(lat), 1))
+		return run{lat: lat, tps: tps, brain: (b1 - b0) / per, test: (t1 - t0) / per, pg: (pg1 - pg0) / per}
+	}
+	r1, r3 := measure(1), measure(3)
+	for _, r := range []struct {
+		name string
+		run
+	}{{"R1 on one server", r1}, {"R3 on three", r3}} {
+		b.Logf("%s, %d tenants: %.0f turns/s, p50 %s p99 %s; CPU per turn: brain %.0f µs, NATS and load client %.0f µs, Postgres %.0f µs",
+			r.name, nTenants, r.tps, r.lat.pct(0.5), r.lat.pct(0.99), us(r.brain), us(r.test), us(r.pg))
+	}
+	b.ReportMetric(r1.tps, "r1_turns/s")
+	b.ReportMetric(r3.tps, "r3_turns/s")
+	b.ReportMetric(us(r1.lat.pct(0.5)), "r1_p50_us")
+	b.ReportMetric(us(r3.lat.pct(0.5)), "r3_p50_us")
+	b.ReportMetric(us(r1.lat.pct(0.99)), "r1_p99_us")
+	b.ReportMetric(us(r3.lat.pct(0.99)), "r3_p99_us")
+	b.ReportMetric(us(r3.lat.pct(0.5))/us(r1.lat.pct(0.5)), "r3_over_r1_p50")
+	b.ReportMetric(r1.tps/r3.tps, "r1_over_r3_turns/s")
+	b.ReportMetric(us(r1.brain), "r1_cpu_brain_us/turn")
+	b.ReportMetric(us(r3.brain), "r3_cpu_brain_us/turn")
+	b.ReportMetric(us(r1.test), "r1_cpu_nats_load_us/turn")
+	b.ReportMetric(us(r3.test), "r3_cpu_nats_load_us/turn")
+	b.ReportMetric(us(r1.pg), "r1_cpu_postgres_us/turn")
+	b.ReportMetric(us(r3.pg), "r3_cpu_postgres_us/turn")
+	b.ReportMetric(us(r3.brain+r3.test+r3.pg)/us(r1.brain+r1.test+r1.pg), "r3_over_r1_cpu/turn")
 }
 
 // eventually2 is eventually for a benchmark.

@@ -3,12 +3,16 @@ package tests
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
+	"n8nbrain/brain"
 	"n8nbrain/deploy/devstack"
 	"n8nbrain/edge"
 	"n8nbrain/subjects"
@@ -19,13 +23,92 @@ import (
 // one node is killed while turns flow. Nothing is lost (every turn is
 // decided), nothing is decided twice, and the edge and the brains carry on
 // through the other nodes by themselves; the node comes back and catches up.
+//
+// The node killed leads the tenant's turn stream, and the edge and brain r1
+// are connected to it: they are given that node's URL alone (nats.go would
+// otherwise pick one of a list at random, and often nobody was on the
+// killed node) and learn the others from the cluster, as a client given the
+// whole list would have them. They must reconnect elsewhere by themselves
+// (their reconnect counters move, the surviving nodes list their
+// connections) and keep working: r1 alone decides a turn after the load.
 func TestClusterNodeDiesUnderLoad(t *testing.T) {
 	t.Parallel()
 	s := newSystemWith(t, func(c *devstack.Config) { c.NATSNodes = 3 })
 	a := s.tenant(spec("cluster-a"))
-	s.startBrain("r1", nil)
-	s.startBrain("r2", nil)
-	ea := s.startEdge(a, func(c *edge.Config) { c.TurnWait = 5 * time.Second })
+	// The node that leads the tenant's turn stream: its death makes the
+	// cluster elect another leader while turns are being written.
+	st, err := s.stack.Streams.JS.Stream(context.Background(), subjects.TurnsStream(a.Account.Public))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+		t.Fatalf("the turn stream is not replicated on three nodes: %d replicas, %+v", info.Config.Replicas, info.Cluster)
+	}
+	leader := -1
+	for i := range s.stack.NATS.Size() {
+		if fmt.Sprintf("brain-nats-%d", i+1) == info.Cluster.Leader {
+			leader = i
+		}
+	}
+	if leader < 0 {
+		t.Fatalf("stream leader %q is not a node of the stack", info.Cluster.Leader)
+	}
+	leaderURL := s.stack.NATS.Node(leader).ClientURL()
+	brainOps, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edgeOps, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, edgeMetrics := "http://"+brainOps.Addr().String(), "http://"+edgeOps.Addr().String()
+	s.startBrain("r1", func(c *brain.Config) {
+		c.NATSURL = leaderURL
+		c.OpsListener = brainOps
+	})
+	stopR2 := s.startBrain("r2", nil)
+	ea := s.startEdge(a, func(c *edge.Config) {
+		c.TurnWait = 5 * time.Second
+		c.NATSURL = leaderURL
+		c.MetricsListener = edgeOps
+	})
+	names := []string{"brain-r1", "edge-" + string(a.ID)}
+	// connectedTo lists the nodes (from 0) each of names is connected to.
+	connectedTo := func() map[string][]int {
+		out := map[string][]int{}
+		for i := range s.stack.NATS.Size() {
+			srv := s.stack.NATS.Node(i)
+			if srv == nil {
+				continue
+			}
+			cz, err := srv.Connz(&server.ConnzOptions{Limit: 1024})
+			if err != nil {
+				t.Errorf("connz of node %d: %v", i+1, err)
+				continue
+			}
+			for _, c := range cz.Conns {
+				out[c.Name] = append(out[c.Name], i)
+			}
+		}
+		return out
+	}
+	eventually(t, 10*time.Second, "brain r1 and the edge to be connected to the stream leader", func() bool {
+		on := connectedTo()
+		for _, n := range names {
+			if len(on[n]) != 1 || on[n][0] != leader {
+				return false
+			}
+		}
+		return true
+	})
+	if n := sumMetric(t, r1, "brain_nats_reconnects_total") + sumMetric(t, edgeMetrics, "edge_nats_reconnects_total"); n != 0 {
+		t.Fatalf("%v reconnects before any node died", n)
+	}
 
 	const callers, perCaller = 6, 40
 	var (
@@ -76,30 +159,22 @@ func TestClusterNodeDiesUnderLoad(t *testing.T) {
 		})
 	}
 	<-started
-	// The node that leads the tenant's turn stream: its death makes the
-	// cluster elect another leader while turns are being written.
-	st, err := s.stack.Streams.JS.Stream(context.Background(), subjects.TurnsStream(a.Account.Public))
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
-		t.Fatalf("the turn stream is not replicated on three nodes: %d replicas, %+v", info.Config.Replicas, info.Cluster)
-	}
-	leader := -1
-	for i := range s.stack.NATS.Size() {
-		if fmt.Sprintf("brain-nats-%d", i+1) == info.Cluster.Leader {
-			leader = i
-		}
-	}
-	if leader < 0 {
-		t.Fatalf("stream leader %q is not a node of the stack", info.Cluster.Leader)
-	}
 	s.stack.NATS.Kill(leader)
 	killed := time.Now()
+	// Brain r1 and the edge reconnect by themselves, to another node.
+	eventually(t, 30*time.Second, "brain r1 and the edge to reconnect to another node", func() bool {
+		if sumMetric(t, r1, "brain_nats_reconnects_total") < 1 || sumMetric(t, edgeMetrics, "edge_nats_reconnects_total") < 1 {
+			return false
+		}
+		on := connectedTo()
+		for _, n := range names {
+			if len(on[n]) != 1 || on[n][0] == leader {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("brain r1 and the edge reconnected to another node %s after the kill", time.Since(killed))
 	wg.Wait()
 	t.Logf("%d turns, %d submissions (%d asked again) in %s after the stream leader (%s) died", callers*perCaller, sent.Load(),
 		retries.Load(), time.Since(killed), info.Cluster.Leader)
@@ -122,6 +197,14 @@ func TestClusterNodeDiesUnderLoad(t *testing.T) {
 	// Approvals: exactly one per decided turn (the decision, not a retry, made it).
 	if n := count(t, db, `SELECT count(*) FROM approvals`); n != callers*perCaller {
 		t.Fatalf("%d approvals for %d turns", n, callers*perCaller)
+	}
+	// Brain r1, reconnected, keeps working: with r2 gone, it alone decides
+	// the next turn, relayed by the reconnected edge.
+	stopR2()
+	decided := sumMetric(t, r1, "brain_turns_total", `outcome="decided"`)
+	ea.submit(quoteEmail("<cluster-r1-alone@customer.example>")).reply(t)
+	if got := sumMetric(t, r1, "brain_turns_total", `outcome="decided"`); got != decided+1 {
+		t.Fatalf("brain r1 decided %v turns after r2 stopped, want 1", got-decided)
 	}
 	// The node comes back and the cluster serves on it again.
 	if err := s.stack.NATS.Restart(leader); err != nil {

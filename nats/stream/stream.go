@@ -211,8 +211,9 @@ func (c Config) AckWaitOrDefault() time.Duration { return c.withDefaults().AckWa
 // for the brain's consumer. One schedule per subject (publishing again
 // replaces it); a fired message lives DueTTL. No MaxAge: a schedule waits as
 // long as its approval may (up to its TTL). DiscardOld, because schedules
-// refuse DiscardNew; MaxBytes bounds it (the brain publishes a schedule per
-// approval and per tenant with undelivered events).
+// refuse DiscardNew; MaxBytes bounds it (each brain process keeps one
+// schedule per tenant and kind while the tenant has work of that kind
+// pending; a fired schedule is removed).
 func Schedules(c Config) jetstream.StreamConfig {
 	c = c.withDefaults()
 	return jetstream.StreamConfig{

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The turn benchmarks of BENCHMARKS.md (`make bench`): the Go benchmarks
-# (floors, the full turn, concurrency, replay, the stage breakdown) and the
-# LangGraph baseline, in one run on this machine, then one summary of ratios.
+# (floors, the full turn, concurrency, replay, the stage breakdown, a
+# thousand tenants, the cost of a NATS cluster) and the LangGraph baseline,
+# in one run on this machine, then one summary of ratios.
 #
 #   BENCH_N      iterations per measurement (default 2000)
 #   BENCH_OUT    folder for the raw outputs (default .data/bench/<UTC time>)
 #   BENCH_SKIP_LANGGRAPH=1  run the Go benchmarks only
+#   BENCH_SKIP_SCALE=1      skip BenchmarkScale and BenchmarkClusterCost (a
+#                           thousand tenants provisioned, a minute of idling,
+#                           two NATS set-ups: the longest part of the run)
+#   BENCH_TENANTS, BENCH_SCALE_TURNS, BENCH_CLUSTER_TURNS, BENCH_CLUSTER_TENANTS
+#                           their sizes (1000, 20000, 5000, 8)
 #
 # Not part of `make test` or CI: it needs no Node, but uses it when present.
 set -euo pipefail
@@ -50,6 +56,14 @@ done
 echo
 echo "== Noisy neighbour (tenant isolation): one measurement of fixed length"
 go test -run '^$' -bench 'NoisyNeighbour' -benchtime 1x -count 1 -timeout 30m -v ./tests/ | tee -a "$OUT/go.txt"
+if [ "${BENCH_SKIP_SCALE:-}" = 1 ]; then
+	echo
+	echo "BENCH_SKIP_SCALE=1: skipping BenchmarkScale and BenchmarkClusterCost."
+else
+	echo
+	echo "== A thousand tenants on one replica (BenchmarkScale) and R3 on three NATS nodes against one (BenchmarkClusterCost): one measurement each"
+	go test -run '^$' -bench '^Benchmark(Scale|ClusterCost)$' -benchtime 1x -count 1 -timeout 90m -v ./tests/ | tee -a "$OUT/go.txt"
+fi
 
 : >"$OUT/langgraph.jsonl"
 if [ "${BENCH_SKIP_LANGGRAPH:-}" = 1 ]; then
@@ -142,6 +156,32 @@ END {
 		printf "  %-44s %10.2fx\n", "A p50 noisy / quiet", m[N, "a_p50_noisy_over_quiet"]
 		printf "  %-44s %10.0f accepted, %.0f refused over quota\n", "B", m[N, "b_accepted"], m[N, "b_refused"]
 		printf "  %-44s %10.0f (A), %.0f (B)\n", "lost", m[N, "a_lost"], m[N, "b_lost"]
+	}
+	S = "BenchmarkScale"
+	if (m[S, "turns/s"] != "") {
+		print ""
+		print "A thousand tenants on one replica (BenchmarkScale)"
+		printf "  %-44s %10.1f s\n", "provisioning, every tenant end to end", m[S, "provision_s"]
+		printf "  %-44s %10.2f s\n", "replica start-up, every tenant bound", m[S, "start_s"]
+		printf "  %-44s %10.2f %% of a core, RSS %.0f MiB, at most %.0f tenant connections\n", "idle for a minute", m[S, "idle_cpu_pct"], m[S, "idle_rss_MiB"], m[S, "idle_peak_pg_conns"]
+		printf "  %-44s %10.0f   (p50 %.0f us, p99 %.0f us)\n", "Zipf load over every tenant: turns/s", m[S, "turns/s"], m[S, "p50_us"], m[S, "p99_us"]
+		printf "  %-44s %10.0f\n", "peak Postgres connections under load", m[S, "peak_pg_conns"]
+		printf "  %-44s %10.0f MiB, brain CPU %.0f us per turn\n", "RSS under load", m[S, "load_rss_MiB"], m[S, "brain_cpu_us/turn"]
+	}
+	K = "BenchmarkClusterCost"
+	if (m[K, "r1_turns/s"] != "") {
+		print ""
+		print "NATS: three nodes with R3 streams against one server, same run (BenchmarkClusterCost)"
+		printf "  %-34s %12s %12s %10s\n", "", "R1, 1 node", "R3, 3 nodes", "R3 / R1"
+		printf "  %-34s %12.0f %12.0f %9.2fx\n", "turns/s", m[K, "r1_turns/s"], m[K, "r3_turns/s"], m[K, "r3_turns/s"] / m[K, "r1_turns/s"]
+		printf "  %-34s %9.0f us %9.0f us %9.2fx\n", "p50", m[K, "r1_p50_us"], m[K, "r3_p50_us"], m[K, "r3_over_r1_p50"]
+		printf "  %-34s %9.0f us %9.0f us %9.2fx\n", "p99", m[K, "r1_p99_us"], m[K, "r3_p99_us"], m[K, "r3_p99_us"] / m[K, "r1_p99_us"]
+		printf "  %-34s %9.0f us %9.0f us\n", "CPU per turn: brain", m[K, "r1_cpu_brain_us/turn"], m[K, "r3_cpu_brain_us/turn"]
+		printf "  %-34s %9.0f us %9.0f us\n", "CPU per turn: NATS and load client", m[K, "r1_cpu_nats_load_us/turn"], m[K, "r3_cpu_nats_load_us/turn"]
+		printf "  %-34s %9.0f us %9.0f us\n", "CPU per turn: Postgres", m[K, "r1_cpu_postgres_us/turn"], m[K, "r3_cpu_postgres_us/turn"]
+		r1cpu = m[K, "r1_cpu_brain_us/turn"] + m[K, "r1_cpu_nats_load_us/turn"] + m[K, "r1_cpu_postgres_us/turn"]
+		r3cpu = m[K, "r3_cpu_brain_us/turn"] + m[K, "r3_cpu_nats_load_us/turn"] + m[K, "r3_cpu_postgres_us/turn"]
+		printf "  %-34s %9.0f us %9.0f us %9.2fx\n", "CPU per turn: all", r1cpu, r3cpu, m[K, "r3_over_r1_cpu/turn"]
 	}
 	if (nd == 0) { print ""; print "LangGraph baseline: not run (no node/npm, or skipped)"; exit 0 }
 	for (d = 1; d <= nd; d++) {

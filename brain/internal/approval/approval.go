@@ -36,7 +36,8 @@ const ReasonSendNotApproved = "send_reply_not_approved"
 
 // Pools gives the pool of a tenant's own database.
 type Pools interface {
-	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
+	// Lease returns the pool, held open until release (tenancy.Directory).
+	Lease(ctx context.Context, t *registry.Tenant) (pool *pgxpool.Pool, release func(), err error)
 	// Check returns err, or a *tenancy.LoginError when the tenant's
 	// database refuses the tenant's role (and records it).
 	Check(t *registry.Tenant, err error) error
@@ -215,10 +216,11 @@ func (a *Approvals) List(ctx context.Context, t *registry.Tenant, req *wire.Appr
 		}
 		lq.After = &c
 	}
-	pool, err := a.pools.Pool(ctx, t)
+	pool, release, err := a.pools.Lease(ctx, t)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	page, err := store.ApprovalList(ctx, pool, lq)
 	if err != nil {
 		return nil, err
@@ -279,10 +281,11 @@ func withRecipient(ap *wire.Approval) {
 
 // Get serves api.approval.get, with the e-mail the approval is about.
 func (a *Approvals) Get(ctx context.Context, t *registry.Tenant, req *wire.ApprovalGetRequest) (*wire.ApprovalGetReply, error) {
-	pool, err := a.pools.Pool(ctx, t)
+	pool, release, err := a.pools.Lease(ctx, t)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	ap, err := store.ApprovalGet(ctx, pool, req.ApprovalID)
 	if err != nil {
 		return nil, notFound(err)
@@ -301,10 +304,11 @@ func (a *Approvals) Decide(ctx context.Context, t *registry.Tenant, req *wire.Ap
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	pool, err := a.pools.Pool(ctx, t)
+	pool, release, err := a.pools.Lease(ctx, t)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	ap, err := store.ApprovalGet(ctx, pool, req.ApprovalID)
 	if err != nil {
 		return nil, notFound(err)
@@ -355,10 +359,11 @@ func (a *Approvals) Decide(ctx context.Context, t *registry.Tenant, req *wire.Ap
 
 // AckEvent serves api.event.ack: n8n accepted the event.
 func (a *Approvals) AckEvent(ctx context.Context, t *registry.Tenant, req *wire.EventAckRequest) (*wire.EventAckReply, error) {
-	pool, err := a.pools.Pool(ctx, t)
+	pool, release, err := a.pools.Lease(ctx, t)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	ok, err := store.OutboxMarkDelivered(ctx, pool, req.EventID)
 	if err != nil {
 		return nil, err
@@ -371,10 +376,11 @@ func (a *Approvals) AckEvent(ctx context.Context, t *registry.Tenant, req *wire.
 
 // Report serves api.report.outcomes.
 func (a *Approvals) Report(ctx context.Context, t *registry.Tenant, req *wire.ReportRequest) (*wire.OutcomeReport, error) {
-	pool, err := a.pools.Pool(ctx, t)
+	pool, release, err := a.pools.Lease(ctx, t)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	r, err := store.OutcomeReport(ctx, pool, req.Since)
 	if err != nil {
 		return nil, err
@@ -382,20 +388,34 @@ func (a *Approvals) Report(ctx context.Context, t *registry.Tenant, req *wire.Re
 	return &r, nil
 }
 
-// Sweep expires t's pending approvals that are past their expiry, re-queues
-// their items for a human and writes their events (store.ApprovalSweep:
-// safe on several replicas at once), then wakes the forwarder.
-func (a *Approvals) Sweep(ctx context.Context, t *registry.Tenant) (int, error) {
+// Expire handles t's expiry timer: it expires t's pending approvals that
+// are past their expiry, re-queues their items for a human and writes their
+// events (store.ApprovalSweep: safe on several replicas at once), wakes the
+// forwarder, then sets the timer to the earliest expiry still pending (by
+// the database's clock: a timer that fired early finds its approval not
+// yet due and comes back), or leaves it unset when nothing is pending.
+func (a *Approvals) Expire(ctx context.Context, t *registry.Tenant) (int, error) {
 	if t.Status != registry.TenantStatusActive {
 		return 0, nil
 	}
-	pool, err := a.pools.Pool(ctx, t)
+	pool, release, err := a.pools.Lease(ctx, t)
 	if err != nil {
 		return 0, a.pools.Check(t, err)
 	}
+	defer release()
+	return a.ExpireOn(ctx, t, pool)
+}
+
+// ExpireOn is Expire on a tenant database the caller holds: the
+// reconciliation pass's repair of a timer a replica that died between a
+// commit and its wake-up left unset.
+func (a *Approvals) ExpireOn(ctx context.Context, t *registry.Tenant, q store.DBTX) (int, error) {
+	if t.Status != registry.TenantStatusActive {
+		return 0, nil
+	}
 	total := 0
 	for {
-		n, err := store.ApprovalSweep(ctx, pool, 500)
+		n, err := store.ApprovalSweep(ctx, q, 500)
 		if err != nil {
 			return total, fmt.Errorf("tenant %s: %w", t.ID, a.pools.Check(t, err))
 		}
@@ -407,32 +427,15 @@ func (a *Approvals) Sweep(ctx context.Context, t *registry.Tenant) (int, error) 
 	if total > 0 {
 		a.events.Kick(t)
 	}
-	return total, nil
-}
-
-// Expire handles t's expiry timer, and is the reconciliation pass's repair
-// of it (a replica may have died between a commit and its timer): it sweeps t, then sets the timer to the
-// earliest expiry still pending (by the database's clock: a timer that
-// fired early finds its approval not yet due and comes back), or leaves it
-// unset when nothing is pending.
-func (a *Approvals) Expire(ctx context.Context, t *registry.Tenant) (int, error) {
-	n, err := a.Sweep(ctx, t)
-	if err != nil || t.Status != registry.TenantStatusActive {
-		return n, err
-	}
-	pool, err := a.pools.Pool(ctx, t)
+	next, ok, err := store.ApprovalNextExpiry(ctx, q)
 	if err != nil {
-		return n, err
-	}
-	next, ok, err := store.ApprovalNextExpiry(ctx, pool)
-	if err != nil {
-		return n, a.pools.Check(t, err)
+		return total, a.pools.Check(t, err)
 	}
 	if !ok {
 		a.timers.Clear(t.NATSAccount, subjects.DueExpiry)
-		return n, nil
+		return total, nil
 	}
-	return n, a.timers.Set(ctx, t.NATSAccount, subjects.DueExpiry, next)
+	return total, a.timers.Set(ctx, t.NATSAccount, subjects.DueExpiry, next)
 }
 
 func notFound(err error) error {

@@ -60,7 +60,8 @@ func (c Config) withDefaults() Config {
 
 // Pools gives the pool of a tenant's own database.
 type Pools interface {
-	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
+	// Lease returns the pool, held open until release (tenancy.Directory).
+	Lease(ctx context.Context, t *registry.Tenant) (pool *pgxpool.Pool, release func(), err error)
 	// Check returns err, or a *tenancy.LoginError when the tenant's
 	// database refuses the tenant's role (and records and logs it).
 	Check(t *registry.Tenant, err error) error
@@ -156,14 +157,24 @@ func (f *Forwarder) Forward(ctx context.Context, t *registry.Tenant) error {
 	if t.Status != registry.TenantStatusActive {
 		return nil
 	}
-	return f.pools.Check(t, f.forward(ctx, t))
+	pool, release, err := f.pools.Lease(ctx, t)
+	if err != nil {
+		return f.pools.Check(t, err)
+	}
+	defer release()
+	return f.pools.Check(t, f.forward(ctx, t, pool))
 }
 
-func (f *Forwarder) forward(ctx context.Context, t *registry.Tenant) error {
-	pool, err := f.pools.Pool(ctx, t)
-	if err != nil {
-		return err
+// ForwardOn is Forward on a tenant database the caller holds (the
+// reconciliation pass's visit).
+func (f *Forwarder) ForwardOn(ctx context.Context, t *registry.Tenant, q store.DBTX) error {
+	if t.Status != registry.TenantStatusActive {
+		return nil
 	}
+	return f.pools.Check(t, f.forward(ctx, t, q))
+}
+
+func (f *Forwarder) forward(ctx context.Context, t *registry.Tenant, pool store.DBTX) error {
 	for {
 		evs, err := store.OutboxClaimDue(ctx, pool, 100, f.cfg.RetryBase, f.cfg.RetryMax)
 		if err != nil {

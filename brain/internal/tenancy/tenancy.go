@@ -3,12 +3,12 @@
 // source of truth at each request: it is held in memory and reloaded when
 // Postgres notifies a change (and on a slow timer as a safety net), so a
 // change applies within moments. Pools are small, bounded per tenant and
-// under a global cap, closed when idle for long or when the tenant's
-// connection details change. Credentials are unsealed in memory only.
+// under a global cap, leased for each piece of work (never closed under
+// it), closed when idle for long or when the tenant's connection details
+// change. Credentials are unsealed in memory only.
 package tenancy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -31,7 +31,10 @@ type Config struct {
 	Sealer      *registry.Sealer
 	// PerTenantConns bounds each tenant's pool. Default 4.
 	PerTenantConns int32
-	// MaxConns is the global cap on tenant connections. Default 64.
+	// MaxConns is the global cap on tenant connections: each open pool
+	// holds PerTenantConns of it until the pool is closed, so MaxConns must
+	// be at least PerTenantConns. Default 64. The registry reader's own
+	// pool (registryConns) is outside it.
 	MaxConns int
 	// IdleTimeout closes idle connections and, after it, idle pools: an idle
 	// tenant holds no connection. Default 2m.
@@ -69,7 +72,7 @@ type Directory struct {
 	mu        sync.RWMutex
 	byAccount map[string]*registry.Tenant
 	byID      map[registry.TenantID]*registry.Tenant
-	pools     map[registry.TenantID]*tenantPool
+	pools     *poolSet // under mu (pools.go)
 
 	// Reloads counts registry reloads: All of every tenant (at start, on
 	// the safety-net timer, when the listener reconnects), One of a single
@@ -82,14 +85,9 @@ type Directory struct {
 	loginFailures map[registry.TenantID]int64
 }
 
-type tenantPool struct {
-	pool     *pgxpool.Pool
-	db       registry.DBConfig
-	lastUsed time.Time
-}
-
-// ErrAtCapacity means every tenant connection slot is busy; retry later.
-var ErrAtCapacity = errors.New("tenant connection cap reached")
+// registryConns is the size of the registry reader's pool (one of its
+// connections LISTENs for changes). It is outside MaxConns.
+const registryConns = 4
 
 // Open connects to the registry and loads every tenant.
 func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Directory, error) {
@@ -97,18 +95,22 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Directory, error)
 	if cfg.Sealer == nil {
 		return nil, errors.New("tenancy: a sealer is required to open tenant credentials")
 	}
+	if cfg.PerTenantConns < 1 || cfg.MaxConns < int(cfg.PerTenantConns) {
+		return nil, fmt.Errorf("tenancy: the cap on tenant connections (%d) must be at least one tenant's pool (%d, at least 1)",
+			cfg.MaxConns, cfg.PerTenantConns)
+	}
 	pc, err := pgxpool.ParseConfig(cfg.RegistryURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse registry URL: %w", err)
 	}
-	pc.MaxConns = 4
+	pc.MaxConns = registryConns
 	pc.ConnConfig.RuntimeParams["application_name"] = "brain-registry"
 	reg, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("connect registry: %w", err)
 	}
-	d := &Directory{cfg: cfg, reg: reg, log: log, byAccount: map[string]*registry.Tenant{}, byID: map[registry.TenantID]*registry.Tenant{}, pools: map[registry.TenantID]*tenantPool{},
-		loginFailing: map[registry.TenantID]loginState{}, loginFailures: map[registry.TenantID]int64{}}
+	d := &Directory{cfg: cfg, reg: reg, log: log, byAccount: map[string]*registry.Tenant{}, byID: map[registry.TenantID]*registry.Tenant{},
+		pools: newPoolSet(), loginFailing: map[registry.TenantID]loginState{}, loginFailures: map[registry.TenantID]int64{}}
 	if err := d.reloadAll(ctx); err != nil {
 		reg.Close()
 		return nil, err
@@ -145,111 +147,6 @@ func compare(a, b registry.TenantID) int {
 		return 1
 	}
 	return 0
-}
-
-// Pool returns the tenant's pool, opening it if needed. When every
-// connection slot belongs to a pool in use, it waits for one to be freed
-// (idle pools are closed to make room), until ctx ends: ErrAtCapacity.
-func (d *Directory) Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error) {
-	wait := 5 * time.Millisecond
-	for {
-		pool, err := d.pool(ctx, t)
-		if !errors.Is(err, ErrAtCapacity) {
-			return pool, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 200*time.Millisecond)
-	}
-}
-
-func (d *Directory) pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if tp, ok := d.pools[t.ID]; ok && sameDB(tp.db, t.DB) {
-		tp.lastUsed = time.Now()
-		return tp.pool, nil
-	} else if ok {
-		d.closePoolLocked(t.ID)
-	}
-	if (len(d.pools)+1)*int(d.cfg.PerTenantConns) > d.cfg.MaxConns && !d.evictIdleLocked() {
-		return nil, fmt.Errorf("open pool for tenant %s: %w", t.ID, ErrAtCapacity)
-	}
-	password, err := d.cfg.Sealer.Open(t.ID, t.DB.PasswordSealed)
-	if err != nil {
-		return nil, fmt.Errorf("open credentials of tenant %s: %w", t.ID, err)
-	}
-	pc, err := pgxpool.ParseConfig("sslmode=prefer")
-	if err != nil {
-		return nil, err
-	}
-	pc.ConnConfig.Host = t.DB.Host
-	pc.ConnConfig.Port = uint16(t.DB.Port)
-	pc.ConnConfig.Database = t.DB.Name
-	pc.ConnConfig.User = t.DB.User
-	pc.ConnConfig.Password = string(password)
-	pc.ConnConfig.ConnectTimeout = 5 * time.Second
-	pc.ConnConfig.RuntimeParams["application_name"] = "brain"
-	pc.ConnConfig.RuntimeParams["statement_timeout"] = "10000"
-	// A role may set its own defaults (ALTER ROLE CURRENT_USER SET …);
-	// settings sent at connection start win over them, so the ones the
-	// brain's SQL relies on are pinned here.
-	pc.ConnConfig.RuntimeParams["search_path"] = "public"
-	pc.ConnConfig.RuntimeParams["default_transaction_read_only"] = "off"
-	pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
-	pc.ConnConfig.Tracer = d.cfg.QueryTracer
-	id := t.ID
-	pc.AfterConnect = func(context.Context, *pgx.Conn) error {
-		d.loginWorks(id)
-		return nil
-	}
-	pc.MaxConns = d.cfg.PerTenantConns
-	pc.MinConns = 0
-	pc.MaxConnIdleTime = d.cfg.IdleTimeout
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("open pool for tenant %s: %w", t.ID, err)
-	}
-	d.pools[t.ID] = &tenantPool{pool: pool, db: t.DB, lastUsed: time.Now()}
-	return pool, nil
-}
-
-func sameDB(a, b registry.DBConfig) bool {
-	return a.Host == b.Host && a.Port == b.Port && a.Name == b.Name && a.User == b.User &&
-		bytes.Equal(a.PasswordSealed, b.PasswordSealed)
-}
-
-// evictIdleLocked closes the least recently used pool with no connection in
-// use. It reports whether one was closed.
-func (d *Directory) evictIdleLocked() bool {
-	var victim registry.TenantID
-	var oldest time.Time
-	for id, tp := range d.pools {
-		if tp.pool.Stat().AcquiredConns() > 0 {
-			continue
-		}
-		if victim == "" || tp.lastUsed.Before(oldest) {
-			victim, oldest = id, tp.lastUsed
-		}
-	}
-	if victim == "" {
-		return false
-	}
-	d.closePoolLocked(victim)
-	return true
-}
-
-func (d *Directory) closePoolLocked(id registry.TenantID) {
-	tp, ok := d.pools[id]
-	if !ok {
-		return
-	}
-	delete(d.pools, id)
-	// Close waits for connections in use to be released; do not hold the lock.
-	go tp.pool.Close()
 }
 
 // Run keeps the directory current until ctx is done: it listens for
@@ -320,16 +217,6 @@ func (d *Directory) refreshLoop(ctx context.Context) {
 	}
 }
 
-func (d *Directory) closeIdlePools() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for id, tp := range d.pools {
-		if time.Since(tp.lastUsed) > d.cfg.IdleTimeout && tp.pool.Stat().AcquiredConns() == 0 {
-			d.closePoolLocked(id)
-		}
-	}
-}
-
 func (d *Directory) reloadAll(ctx context.Context) error {
 	d.Reloads.All.Add(1)
 	ts, err := registry.TenantList(ctx, d.reg)
@@ -346,10 +233,10 @@ func (d *Directory) reloadAll(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.byAccount, d.byID = byAccount, byID
-	for id, tp := range d.pools {
+	for id, tp := range d.pools.open {
 		t := byID[id]
 		if t == nil || !sameDB(tp.db, t.DB) {
-			d.closePoolLocked(id)
+			d.retireLocked(tp)
 		}
 	}
 	return nil
@@ -372,40 +259,8 @@ func (d *Directory) reloadOne(ctx context.Context, id registry.TenantID) error {
 		d.byAccount[t.NATSAccount] = &t
 		d.byID[id] = &t
 	}
-	if tp, ok := d.pools[id]; ok && (gone || !sameDB(tp.db, t.DB)) {
-		d.closePoolLocked(id)
+	if tp, ok := d.pools.open[id]; ok && (gone || !sameDB(tp.db, t.DB)) {
+		d.retireLocked(tp)
 	}
 	return nil
-}
-
-// PoolStats is the tenant pools' use on this replica.
-type PoolStats struct {
-	Pools    int // open tenant pools
-	Conns    int // their connections, idle or in use
-	Acquired int // their connections in use
-}
-
-// Stats returns the tenant pools' use.
-func (d *Directory) Stats() PoolStats {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	st := PoolStats{Pools: len(d.pools)}
-	for _, tp := range d.pools {
-		ps := tp.pool.Stat()
-		st.Conns += int(ps.TotalConns())
-		st.Acquired += int(ps.AcquiredConns())
-	}
-	return st
-}
-
-// Close closes every pool and the registry connection.
-func (d *Directory) Close() {
-	d.mu.Lock()
-	pools := d.pools
-	d.pools = map[registry.TenantID]*tenantPool{}
-	d.mu.Unlock()
-	for _, tp := range pools {
-		tp.pool.Close()
-	}
-	d.reg.Close()
 }

@@ -9,6 +9,8 @@ package timer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"sync"
 	"time"
@@ -73,33 +75,46 @@ func (s *Timers) Go(ctx context.Context, account, kind, id string, t time.Time, 
 	}()
 }
 
-// Next keeps one timer per tenant and kind (id "next"): the earliest time
-// the tenant has work of that kind due. A burst of work (an approval and an
-// event per turn) sets it once, not once per item: Ensure publishes only
-// when this replica does not know of a timer already set no later than the
-// new work's time. Whoever handles the timer when it fires does the due work
-// and sets it again to the next due time (Set), or leaves it unset when
-// nothing is pending (Clear).
+// Next keeps, for this brain process, one timer per tenant and kind: the
+// earliest time the tenant has work of that kind due, as far as this
+// process knows. A burst of work (an approval and an event per turn) sets
+// it once, not once per item: Ensure publishes only when the process's
+// timer is not already set no later than the new work's time. Whoever
+// handles a timer when it fires does the due work, reads the tenant
+// database for the next due time and sets its own timer to it (Set), or
+// leaves it unset when nothing is pending (Clear).
 //
-// What a replica knows is only what it set itself. A timer that another
-// replica replaced with a later time delays this replica's work by at most
-// the difference (work is due within a bounded time of being written), and
-// the brain's reconciliation pass sets every tenant's timers again in case
-// anything was missed. A timer known to be due already is never relied on:
-// its handler may have read the pending work before this work was written.
+// Each process's timers have their own id (random, drawn at start), so a
+// process only ever replaces its own timer: with one timer per tenant and
+// kind shared by every replica, replica B, knowing nothing of the earlier
+// expiry replica A had set, would replace it with its own later one, and
+// A's approval would expire late (by up to the reconciliation interval). A
+// restarted process draws a new id for the same reason. What a process
+// knows of its own timers is then exact, except that one may have fired
+// and been handled elsewhere: a timer known to be due already is never
+// relied on. A fired schedule is removed by the server, so the timers of
+// processes long gone leave nothing behind; one that had not fired yet
+// still fires at its time, on whichever replica takes it. The brain's
+// reconciliation pass sets every tenant's timers again in case a process
+// died between a commit and its timer.
 type Next struct {
 	timers *Timers
+	id     string
 	mu     sync.Mutex
 	at     map[nextKey]time.Time
 }
 
 type nextKey struct{ account, kind string }
 
-// NextID is the id of a tenant's one timer of a kind.
-const NextID = "next"
+// NewNext returns this process's per-tenant timers, set through timers.
+func NewNext(timers *Timers) *Next {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return &Next{timers: timers, id: "p" + hex.EncodeToString(b), at: map[nextKey]time.Time{}}
+}
 
-// NewNext returns per-tenant timers set through timers.
-func NewNext(timers *Timers) *Next { return &Next{timers: timers, at: map[nextKey]time.Time{}} }
+// ID is the id of this process's timers (subjects.Schedule's last token).
+func (n *Next) ID() string { return n.id }
 
 // Ensure makes the (account, kind) timer fire no later than about t, without
 // waiting for the timer to be stored; a failure goes to onErr (and the next
@@ -114,7 +129,7 @@ func (n *Next) Ensure(ctx context.Context, account, kind string, t time.Time, on
 	}
 	n.at[k] = t
 	n.mu.Unlock()
-	n.timers.Go(ctx, account, kind, NextID, t, func(err error) {
+	n.timers.Go(ctx, account, kind, n.id, t, func(err error) {
 		n.mu.Lock()
 		if n.at[k].Equal(t) {
 			delete(n.at, k)
@@ -132,7 +147,7 @@ func (n *Next) Set(ctx context.Context, account, kind string, t time.Time) error
 	n.mu.Lock()
 	n.at[k] = t
 	n.mu.Unlock()
-	if err := n.timers.At(ctx, account, kind, NextID, t); err != nil {
+	if err := n.timers.At(ctx, account, kind, n.id, t); err != nil {
 		n.mu.Lock()
 		delete(n.at, k)
 		n.mu.Unlock()

@@ -27,7 +27,8 @@ import (
 
 // Pools gives the pool of a tenant's own database.
 type Pools interface {
-	Pool(ctx context.Context, t *registry.Tenant) (*pgxpool.Pool, error)
+	// Lease returns the pool, held open until release (tenancy.Directory).
+	Lease(ctx context.Context, t *registry.Tenant) (pool *pgxpool.Pool, release func(), err error)
 	// Check returns err, or a *tenancy.LoginError when the tenant's
 	// database refuses the tenant's role (and records it).
 	Check(t *registry.Tenant, err error) error
@@ -151,10 +152,11 @@ func (p *Processor) Process(ctx context.Context, t *registry.Tenant, m Message) 
 		return p.reject(ans, &wire.Error{Code: wire.CodeForbidden, Reason: wire.ReasonTenantMismatch,
 			Message: "tenant_id in the body does not match the tenant of this connection"}), nil
 	}
-	pool, err := p.pools.Pool(ctx, t)
+	pool, release, err := p.pools.Lease(ctx, t)
 	if err != nil {
 		return p.failed(ans, t, err)
 	}
+	defer release()
 	// Turn 1 is nearly always a new item, so its first attempt does not
 	// read the item first: it decides and commits in one round trip, and
 	// an item that existed makes the commit fail as a lost race would
