@@ -339,14 +339,19 @@ func TestIdleTenantsCostNothing(t *testing.T) {
 		db := tn.DB.DBName
 		sess, xacts := after[db].sessions-before[db].sessions, after[db].xacts-before[db].xacts
 		totalXacts += xacts
-		if sess < 1 || sess > 2 {
-			t.Errorf("%s: %d sessions over %s, want the one or two of its visits", tn.ID, sess, window)
+		// Postgres reports a backend's counts up to a second late
+		// (PGSTAT_MIN_INTERVAL), so a visit just before the window may be
+		// counted in it: one or two visits, and one more at its edge.
+		if sess < 1 || sess > 3 {
+			t.Errorf("%s: %d sessions over %s, want the one or two of its visits (three at the window's edge)", tn.ID, sess, window)
 		}
-		if xacts > 2*perVisit {
-			t.Errorf("%s: %d transactions over %s, more than two visits make", tn.ID, xacts, window)
+		if xacts > 3*perVisit {
+			t.Errorf("%s: %d transactions over %s, more than three visits make", tn.ID, xacts, window)
 		}
 	}
-	visits := int64(window/(interval/n)) + 2
+	// The visits the window holds, two at its edges, and those of the last
+	// second before it whose counts arrive late.
+	visits := int64(window/(interval/n)) + 2 + int64(time.Second/(interval/n))
 	t.Logf("%d samples over %s: %d with no tenant session, at most %d at once; %d transactions on %d tenant databases (at most %d visits)",
 		samples, window, idle, busiest, totalXacts, n, visits)
 	if totalXacts > visits*perVisit {
