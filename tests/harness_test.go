@@ -80,7 +80,8 @@ func newSystemWith(t testing.TB, edit func(*devstack.Config)) *system {
 			t.Logf("system logs:\n%s", logs)
 		}
 		st.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		// BenchmarkScale's thousand databases take minutes to drop.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		if err := st.Ops.DropPrefixed(ctx); err != nil {
 			t.Errorf("drop test databases: %v", err)
