@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"html"
 	"io"
 	"net"
 	"net/http"
@@ -22,7 +21,6 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -32,6 +30,7 @@ import (
 
 	"n8nbrain/deploy/devstack"
 	"n8nbrain/subjects"
+	"n8nbrain/tests/internal/reviewform"
 	"n8nbrain/wire"
 )
 
@@ -484,7 +483,7 @@ func (s *stack) approvalFlow(t *testing.T, f *approvalFlow) {
 	if err != nil || page.status != http.StatusOK {
 		t.Fatalf("review page: %v %d %s", err, page.status, page.body)
 	}
-	form, ok := approveForm(page.body)
+	form, ok := reviewform.Approve(string(page.body))
 	if !ok {
 		t.Fatalf("no approve form on the review page:\n%s", page.body)
 	}
@@ -830,52 +829,4 @@ func (s *stack) reviewSignIn(t *testing.T) string {
 	}
 	t.Fatal("review sign-in set no cookie")
 	return ""
-}
-
-// approveForm reads the approve form of an approval page: its hidden,
-// text and number inputs, text areas and selected options, as a browser
-// would submit them unchanged.
-func approveForm(page []byte) (url.Values, bool) {
-	body := string(page)
-	start := strings.Index(body, `<form id="approve-form"`)
-	if start < 0 {
-		return nil, false
-	}
-	end := strings.Index(body[start:], "</form>")
-	if end < 0 {
-		return nil, false
-	}
-	f := body[start : start+end]
-	v := url.Values{}
-	attr := func(tag, name string) (string, bool) {
-		m := regexp.MustCompile(`\s` + name + `="([^"]*)"`).FindStringSubmatch(tag)
-		if m == nil {
-			return "", false
-		}
-		return html.UnescapeString(m[1]), true
-	}
-	for _, tag := range regexp.MustCompile(`<input [^>]*>`).FindAllString(f, -1) {
-		name, ok := attr(tag, "name")
-		if !ok {
-			continue
-		}
-		typ, _ := attr(tag, "type")
-		if typ == "checkbox" {
-			if strings.Contains(tag, " checked") {
-				v.Set(name, "on")
-			}
-			continue
-		}
-		val, _ := attr(tag, "value")
-		v.Set(name, val)
-	}
-	for _, m := range regexp.MustCompile(`(?s)<textarea [^>]*name="([^"]+)"[^>]*>\n?(.*?)</textarea>`).FindAllStringSubmatch(f, -1) {
-		v.Set(m[1], html.UnescapeString(m[2]))
-	}
-	for _, m := range regexp.MustCompile(`(?s)<select [^>]*name="([^"]+)"[^>]*>(.*?)</select>`).FindAllStringSubmatch(f, -1) {
-		if o := regexp.MustCompile(`<option value="([^"]*)"[^>]*selected`).FindStringSubmatch(m[2]); o != nil {
-			v.Set(m[1], html.UnescapeString(o[1]))
-		}
-	}
-	return v, true
 }

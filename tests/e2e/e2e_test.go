@@ -15,7 +15,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"html"
 	"io"
 	"log/slog"
 	"net"
@@ -24,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strings"
 	"syscall"
@@ -39,6 +37,7 @@ import (
 	"n8nbrain/edge"
 	"n8nbrain/internal/testdb"
 	"n8nbrain/nats/stream"
+	"n8nbrain/tests/internal/reviewform"
 	"n8nbrain/wire"
 )
 
@@ -624,7 +623,7 @@ func (w *world) approveOnReviewPage(t *testing.T, approvalID string) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("review page: %d %s", resp.StatusCode, page)
 	}
-	form, ok := approveForm(page)
+	form, ok := reviewform.Approve(page)
 	if !ok || form.Get("csrf") == "" {
 		t.Fatalf("no approve form with its CSRF token on the review page:\n%s", page)
 	}
@@ -640,52 +639,6 @@ func (w *world) approveOnReviewPage(t *testing.T, approvalID string) {
 	if got.Approval.Status != wire.ApprovalStatusApproved || got.Approval.DecidedBy != "reviewer:"+w.reviewer {
 		t.Fatalf("approval after the review page: %+v", got.Approval)
 	}
-}
-
-// approveForm reads the approve form of an approval page: its hidden,
-// text and number inputs, text areas and selected options, as a browser
-// would submit them unchanged.
-func approveForm(body string) (url.Values, bool) {
-	start := strings.Index(body, `<form id="approve-form"`)
-	if start < 0 {
-		return nil, false
-	}
-	end := strings.Index(body[start:], "</form>")
-	if end < 0 {
-		return nil, false
-	}
-	f := body[start : start+end]
-	v := url.Values{}
-	attr := func(tag, name string) (string, bool) {
-		m := regexp.MustCompile(`\s` + name + `="([^"]*)"`).FindStringSubmatch(tag)
-		if m == nil {
-			return "", false
-		}
-		return html.UnescapeString(m[1]), true
-	}
-	for _, tag := range regexp.MustCompile(`<input [^>]*>`).FindAllString(f, -1) {
-		name, ok := attr(tag, "name")
-		if !ok {
-			continue
-		}
-		if typ, _ := attr(tag, "type"); typ == "checkbox" {
-			if strings.Contains(tag, " checked") {
-				v.Set(name, "on")
-			}
-			continue
-		}
-		val, _ := attr(tag, "value")
-		v.Set(name, val)
-	}
-	for _, m := range regexp.MustCompile(`(?s)<textarea [^>]*name="([^"]+)"[^>]*>\n?(.*?)</textarea>`).FindAllStringSubmatch(f, -1) {
-		v.Set(m[1], html.UnescapeString(m[2]))
-	}
-	for _, m := range regexp.MustCompile(`(?s)<select [^>]*name="([^"]+)"[^>]*>(.*?)</select>`).FindAllStringSubmatch(f, -1) {
-		if o := regexp.MustCompile(`<option value="([^"]*)"[^>]*selected`).FindStringSubmatch(m[2]); o != nil {
-			v.Set(m[1], html.UnescapeString(o[1]))
-		}
-	}
-	return v, true
 }
 
 // ownNotice: the reviewers' notification goes to the assistant's own
