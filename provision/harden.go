@@ -35,7 +35,7 @@ import (
 //     the brain reports the tenant's login failure by name (its /readyz,
 //     brain_tenant_db_login_failing), pins the settings it relies on in the
 //     connection's startup parameters (which win over role-level defaults),
-//     and RepairTenantRole puts the sealed password back and clears the
+//     and RepairTenantRole (brainctl tenant repair) puts the sealed password back and clears the
 //     role's settings. Certificate authentication (pg_hba "cert") would make
 //     a changed password irrelevant; it is the production recommendation.
 

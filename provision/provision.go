@@ -150,7 +150,7 @@ func (o *Ops) bootstrapRegistry(ctx context.Context, readerPassword *string) (re
 	}
 	var pwClause string
 	if readerPassword != nil {
-		if pwClause, err = passwordClause(*readerPassword); err != nil {
+		if pwClause, err = passwordClause(*readerPassword, chosenPasswordIterations); err != nil {
 			return "", fmt.Errorf("provision: registry reader password: %w", err)
 		}
 	}

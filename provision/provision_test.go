@@ -24,7 +24,7 @@ import (
 
 // newOps returns an Ops with its own random prefix and a bootstrapped
 // registry, and drops everything it creates when the test ends.
-func newOps(t *testing.T) (*provision.Ops, string) {
+func newOps(t testing.TB) (*provision.Ops, string) {
 	t.Helper()
 	adminURL := testdb.AdminURL(t)
 	sealer, err := registry.NewSealer(must(registry.ParseKey(registry.NewKey())))
@@ -62,7 +62,7 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-func newAccount(t *testing.T) string {
+func newAccount(t testing.TB) string {
 	t.Helper()
 	kp, err := nkeys.CreateAccount()
 	if err != nil {
@@ -76,12 +76,12 @@ func newAccount(t *testing.T) string {
 }
 
 // newReserved is a fresh set of operator accounts.
-func newReserved(t *testing.T) provision.ReservedAccounts {
+func newReserved(t testing.TB) provision.ReservedAccounts {
 	return provision.ReservedAccounts{Brain: newAccount(t), Streams: newAccount(t), System: newAccount(t)}
 }
 
 // validSpec is a spec that passes validation: one rule with an action.
-func validSpec(t *testing.T, id registry.TenantID) provision.TenantSpec {
+func validSpec(t testing.TB, id registry.TenantID) provision.TenantSpec {
 	return provision.TenantSpec{
 		ID:             id,
 		NATSAccount:    newAccount(t),

@@ -38,8 +38,8 @@ func quoteLiteral(s string) (string, error) {
 // passwordClause returns `PASSWORD '<SCRAM-SHA-256 verifier>'`. The verifier
 // is computed here, as psql's \password does, so the password itself never
 // reaches the server, its statement log or pg_stat_activity.
-func passwordClause(password string) (string, error) {
-	v, err := scramVerifier(password)
+func passwordClause(password string, iterations int) (string, error) {
+	v, err := scramVerifier(password, iterations)
 	if err != nil {
 		return "", err
 	}
@@ -50,11 +50,26 @@ func passwordClause(password string) (string, error) {
 	return "PASSWORD " + lit, nil
 }
 
-const scramIterations = 4096 // Postgres' default scram_iterations
+// The PBKDF2 iterations of the SCRAM verifiers written here. Iterations
+// slow down guessing a password from a stolen verifier, which protects a
+// password a person chose: the registry reader's gets Postgres' default. A
+// tenant's login password is 32 random bytes no one chooses or types
+// (newPassword): guessing it takes 2^256 tries at any count, while every
+// iteration is paid again by the brain on each new connection to the tenant
+// (the client side of SCRAM). At 4096 that was 39% of a replica's CPU under
+// a load that reopens evicted pools (BENCHMARKS.md, BenchmarkTenantLogin),
+// so a generated password gets one.
+const (
+	chosenPasswordIterations    = 4096 // Postgres' default scram_iterations
+	generatedPasswordIterations = 1
+)
 
-func scramVerifier(password string) (string, error) {
+func scramVerifier(password string, iterations int) (string, error) {
 	if password == "" {
 		return "", errors.New("password is empty")
+	}
+	if iterations < 1 {
+		return "", fmt.Errorf("SCRAM iterations must be at least 1, got %d", iterations)
 	}
 	// SASLprep leaves printable ASCII unchanged; anything else would need a
 	// full implementation to match what the server computes at login.
@@ -67,7 +82,7 @@ func scramVerifier(password string) (string, error) {
 	if _, err := rand.Read(salt); err != nil {
 		return "", err
 	}
-	salted, err := pbkdf2.Key(sha256.New, password, salt, scramIterations, sha256.Size)
+	salted, err := pbkdf2.Key(sha256.New, password, salt, iterations, sha256.Size)
 	if err != nil {
 		return "", err
 	}
@@ -79,7 +94,7 @@ func scramVerifier(password string) (string, error) {
 	stored := sha256.Sum256(mac(salted, "Client Key"))
 	server := mac(salted, "Server Key")
 	b64 := base64.StdEncoding.EncodeToString
-	return "SCRAM-SHA-256$" + strconv.Itoa(scramIterations) + ":" + b64(salt) + "$" + b64(stored[:]) + ":" + b64(server), nil
+	return "SCRAM-SHA-256$" + strconv.Itoa(iterations) + ":" + b64(salt) + "$" + b64(stored[:]) + ":" + b64(server), nil
 }
 
 // newPassword returns 32 random bytes, base64url: safe in URLs and literals.

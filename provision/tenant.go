@@ -166,7 +166,7 @@ func (o *Ops) CreateTenantOn(ctx context.Context, spec TenantSpec, cl Cluster) (
 
 func (c *cluster) createTenant(ctx context.Context, admin, reg *pgx.Conn, t *Tenant) error {
 	n := tenantNames{owner: t.OwnerRole, app: t.AppRole, db: t.DBName}
-	pwClause, err := passwordClause(t.AppPassword)
+	pwClause, err := passwordClause(t.AppPassword, generatedPasswordIterations)
 	if err != nil {
 		return err
 	}
@@ -270,34 +270,34 @@ func dropTenant(ctx context.Context, admin *pgx.Conn, n tenantNames) error {
 
 // RepairTenantRole puts a tenant's app role back as provisioning left it:
 // the password sealed in the registry (a role may change its own password,
-// which locks the brain out of the tenant's database), no role-level
-// settings (a role may set its own), and its grants (as MigrateTenant). The
-// brain's next connection logs in again; nothing in the registry changes.
+// which locks the brain out of the tenant's database), written with a
+// generated password's SCRAM iterations, no role-level settings (a role may
+// set its own), and its grants (as MigrateTenant). The brain's next
+// connection logs in again; nothing in the registry changes. The database is
+// on the registry's cluster (RepairTenantRoleOn takes another).
 func (o *Ops) RepairTenantRole(ctx context.Context, id registry.TenantID) error {
-	c, err := o.cluster()
+	return o.RepairTenantRoleOn(ctx, id, Cluster{})
+}
+
+// RepairTenantRoleOn is RepairTenantRole for a tenant whose database is on
+// cluster cl.
+func (o *Ops) RepairTenantRoleOn(ctx context.Context, id registry.TenantID, cl Cluster) error {
+	if o.Sealer == nil {
+		return errors.New("provision: Ops.Sealer is required to repair a tenant's role")
+	}
+	t, err := o.Tenant(ctx, id)
+	if err != nil {
+		return err // it names the tenant
+	}
+	c, err := o.clusterOf(t, cl)
 	if err != nil {
 		return err
 	}
-	if c.sealer == nil {
-		return errors.New("provision: Ops.Sealer is required to repair a tenant's role")
-	}
-	reg, err := c.registryAdmin(ctx)
-	if err != nil {
-		return fmt.Errorf("repair tenant %s: %w", id, err)
-	}
-	t, err := registry.TenantGet(ctx, reg, id)
-	reg.Close(context.WithoutCancel(ctx))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("repair tenant %s: not in the registry", id)
-	}
-	if err != nil {
-		return fmt.Errorf("repair tenant %s: %w", id, err)
-	}
-	pw, err := c.sealer.Open(t.ID, t.DB.PasswordSealed)
+	pw, err := o.Sealer.Open(t.ID, t.DB.PasswordSealed)
 	if err != nil {
 		return fmt.Errorf("repair tenant %s: the sealing key does not open its password: %w", id, err)
 	}
-	pwClause, err := passwordClause(string(pw))
+	pwClause, err := passwordClause(string(pw), generatedPasswordIterations)
 	if err != nil {
 		return fmt.Errorf("repair tenant %s: %w", id, err)
 	}
@@ -309,7 +309,8 @@ func (o *Ops) RepairTenantRole(ctx context.Context, id registry.TenantID) error 
 	if err := ensureLoginRole(ctx, admin, t.DB.User, pwClause, appConnLimit); err != nil {
 		return fmt.Errorf("repair tenant %s: %w", id, err)
 	}
-	return o.MigrateTenant(ctx, id)
+	_, err = o.MigrateTenantOn(ctx, id, cl)
+	return err
 }
 
 // MigrateTenant applies the tenant migrations an existing tenant database has

@@ -179,6 +179,11 @@ func TestBrainctlTenantLifecycle(t *testing.T) {
 	if code := c.json(&del, "tenant", "delete", "alpha", "--account", alpha.Account.Public); code != admin.ExitOK || del.RegistryRow || del.DroppedDB || len(del.Roles) != 0 {
 		t.Fatalf("second delete: exit %d, %+v", code, del)
 	}
+	// Repairing a tenant that is gone fails and says which and why.
+	if code, _, errOut := c.run("tenant", "repair", "alpha"); code != admin.ExitError ||
+		!strings.Contains(errOut, "alpha") || !strings.Contains(errOut, "not in the registry") {
+		t.Fatalf("repair of a deleted tenant: exit %d, %s", code, errOut)
+	}
 }
 
 // TestBrainctlRefusesOperatorAccountsAndMissingSettings: a tenant is never

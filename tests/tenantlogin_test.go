@@ -22,7 +22,7 @@ import (
 // working through the changed defaults (it pins what it relies on when it
 // connects), reports the locked-out tenant by name (its reply, /readyz,
 // metrics, one log line) instead of retrying in silence, and works again as
-// soon as provisioning repairs the role.
+// soon as the operator repairs the role (brainctl tenant repair).
 func TestTenantRoleChangingItselfIsReportedAndRepaired(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
@@ -117,11 +117,10 @@ func TestTenantRoleChangingItselfIsReportedAndRepaired(t *testing.T) {
 		t.Errorf("want one log line naming the tenant when it was locked out:\n%s", logs)
 	}
 
-	// 3. Ops repair the role: the sealed password again, no role defaults.
-	rctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := s.stack.Ops.RepairTenantRole(rctx, a.ID); err != nil {
-		t.Fatalf("repair the tenant's role: %v", err)
+	// 3. The operator repairs the role with brainctl: the sealed password
+	// again, no role defaults.
+	if out := s.brainctl().ok("tenant", "repair", string(a.ID)); !strings.Contains(out, a.DB.AppRole) {
+		t.Errorf("brainctl tenant repair says %q, want it to name the role %s", out, a.DB.AppRole)
 	}
 	if c := count(t, admin, `SELECT count(*) FROM pg_db_role_setting WHERE setrole = (SELECT oid FROM pg_roles WHERE rolname = $1)`, a.DB.AppRole); c != 0 {
 		t.Errorf("the role keeps %d sets of its own defaults after the repair", c)

@@ -25,6 +25,7 @@ type tenantCmd struct {
 	Delete  tenantDeleteCmd  `cmd:"" help:"Delete a tenant's streams, registry row, database and roles (refused while work items are open, unless --force)."`
 	List    tenantListCmd    `cmd:"" help:"List tenants."`
 	Show    tenantShowCmd    `cmd:"" help:"Show one tenant's settings, rules and sealing."`
+	Repair  tenantRepairCmd  `cmd:"" help:"Put a tenant's database login back as provisioning left it: its sealed password, no role settings, its grants (when brains report tenant_database_login_failed)."`
 }
 
 // tenantView is a tenant as brainctl prints it.
@@ -593,6 +594,41 @@ func (c *tenantShowCmd) Run(a *app) error {
 			}
 			table(w, []string{"#", "RULE", "CATEGORY", "PRIORITY", "ACTION", "CONFIDENCE"}, rows)
 		}
+	})
+}
+
+type tenantRepairCmd struct {
+	ID string `arg:"" name:"tenant" help:"Tenant id."`
+}
+
+type repairResult struct {
+	Tenant  string `json:"tenant"`
+	Cluster string `json:"cluster"`
+	Role    string `json:"role"`
+}
+
+// Run resets the tenant's app role from the registry (provision
+// RepairTenantRoleOn), on the cluster its row names.
+func (c *tenantRepairCmd) Run(a *app) error {
+	ops, err := a.opsFor(true)
+	if err != nil {
+		return err
+	}
+	t, err := ops.Tenant(a.ctx, registry.TenantID(c.ID))
+	if err != nil {
+		return tenantError(c.ID, err)
+	}
+	cl, err := a.clusterOf(t)
+	if err != nil {
+		return err
+	}
+	if err := ops.RepairTenantRoleOn(a.ctx, t.ID, cl); err != nil {
+		return tenantError(c.ID, err)
+	}
+	out := repairResult{Tenant: c.ID, Cluster: cl.Addr(), Role: t.DB.User}
+	return a.out.emit(out, func(w io.Writer) {
+		fmt.Fprintf(w, "tenant %s: role %s on %s has its sealed password again, no role settings and its grants; brains log in at their next connection\n",
+			out.Tenant, out.Role, out.Cluster)
 	})
 }
 

@@ -15,7 +15,7 @@ import (
 // LoginError is a tenant database that refuses the tenant's own role: its
 // password, its LOGIN or its CONNECT privilege changed outside provisioning
 // (a role may change its own password). Retrying does not mend it; an
-// operator repairs the role (provision.Ops.RepairTenantRole). Its wire
+// operator repairs the role (brainctl tenant repair). Its wire
 // error, safe to show the tenant, is found by wire.ErrorOf.
 type LoginError struct {
 	Tenant registry.TenantID
@@ -76,7 +76,7 @@ func (d *Directory) Check(t *registry.Tenant, err error) error {
 	d.loginMu.Unlock()
 	if !known {
 		d.log.Error("tenant database refuses the tenant's role: its password, LOGIN or CONNECT changed outside provisioning; "+
-			"turns and API calls of this tenant fail until an operator repairs the role (provision RepairTenantRole)",
+			"turns and API calls of this tenant fail until an operator repairs the role (brainctl tenant repair)",
 			"tenant_id", t.ID, "database", t.DB.Name, "role", t.DB.User, "sqlstate", pe.Code)
 	}
 	return &LoginError{Tenant: t.ID, cause: err}
