@@ -35,9 +35,10 @@ import (
 //     the brain reports the tenant's login failure by name (its /readyz,
 //     brain_tenant_db_login_failing), pins the settings it relies on in the
 //     connection's startup parameters (which win over role-level defaults),
-//     and RepairTenantRole (brainctl tenant repair) puts the sealed password back and clears the
-//     role's settings. Certificate authentication (pg_hba "cert") would make
-//     a changed password irrelevant; it is the production recommendation.
+//     and RepairTenantRole (brainctl tenant repair) puts the sealed password
+//     back and clears the role's settings. Certificate authentication
+//     (pg_hba "cert") would make a changed password irrelevant; it is the
+//     production recommendation.
 
 // clusterListings are the catalog relations that list every role and
 // database of the cluster, or every session in it.

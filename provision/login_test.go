@@ -120,6 +120,7 @@ func announcedIterations(t *testing.T, rawURL string) int {
 }
 
 func withPassword(t *testing.T, rawURL, password string) string {
+	t.Helper()
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		t.Fatal(err)
