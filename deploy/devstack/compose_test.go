@@ -170,6 +170,11 @@ func TestShippedWorkflowsAreConsistent(t *testing.T) {
 	if hookURL == nil || hookURL[1] != "http://n8n:5678/webhook/brain-events" {
 		t.Errorf("compose.yaml's EDGE_WEBHOOK_URL %v, want the events workflow's webhook", hookURL)
 	}
+	customNodes := shippedNodes(t)
+	if !strings.Contains(compose, "N8N_CUSTOM_EXTENSIONS: /opt/n8nbrain/nodes") || !strings.Contains(compose, "./deploy/n8n/nodes:/opt/n8nbrain/nodes:ro") {
+		t.Error("compose.yaml's n8n does not load deploy/n8n/nodes")
+	}
+	sendsReply := false
 	var paths []string
 	for _, wf := range wfs {
 		names := map[string]bool{}
@@ -217,6 +222,17 @@ func TestShippedWorkflowsAreConsistent(t *testing.T) {
 				if opts, _ := n.Parameters["options"].(map[string]any); opts["appendAttribution"] != false {
 					t.Errorf("%s: %q appends n8n's attribution: the sent text would not be the approved one", wf.ID, n.Name)
 				}
+			default:
+				// A node of ours (N8N_CUSTOM_EXTENSIONS=deploy/n8n/nodes):
+				// shipped, and loaded where n8n runs in compose.
+				if name, ok := strings.CutPrefix(n.Type, "CUSTOM."); ok {
+					if !customNodes[name] {
+						t.Errorf("%s: node %q is of type %s, which deploy/n8n/nodes does not define", wf.ID, n.Name, n.Type)
+					}
+					if name == "n8nbrainSendReply" {
+						sendsReply = true
+					}
+				}
 			}
 		}
 		for from, outs := range wf.Connections {
@@ -236,6 +252,27 @@ func TestShippedWorkflowsAreConsistent(t *testing.T) {
 	if !slices.Equal(paths, []string{"brain-events", "human-reply", "new-email"}) {
 		t.Errorf("webhook paths %q", paths)
 	}
+	if !sendsReply {
+		t.Error("no workflow sends with the Send Reply node: approved replies would go out unthreaded")
+	}
+}
+
+// shippedNodes are the node names deploy/n8n/nodes defines (the name in
+// each *.node.js file's description; make e2e loads them in n8n).
+func shippedNodes(t *testing.T) map[string]bool {
+	files, err := filepath.Glob("../n8n/nodes/*.node.js")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no nodes in deploy/n8n/nodes: %v", err)
+	}
+	names := map[string]bool{}
+	for _, f := range files {
+		m := regexp.MustCompile(`(?m)^\t\t\tname: '([A-Za-z0-9]+)',$`).FindStringSubmatch(readFile(t, f))
+		if m == nil {
+			t.Fatalf("%s: no description name", f)
+		}
+		names[m[1]] = true
+	}
+	return names
 }
 
 // Every image compose.yaml runs or builds on is a variable, so a machine

@@ -121,7 +121,8 @@ import them with the shipped workflows:
 
   deploy/n8n/import.sh %s
 
-then run n8n and start this stack with EDGE_WEBHOOK_URL=http://127.0.0.1:5678/webhook/brain-events.
+then run n8n with N8N_CUSTOM_EXTENSIONS="$PWD/deploy/n8n/nodes" (the Send Reply node, which
+threads the approved reply), and start this stack with EDGE_WEBHOOK_URL=http://127.0.0.1:5678/webhook/brain-events.
 
 Submit a turn as n8n would:
 

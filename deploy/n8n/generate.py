@@ -201,6 +201,37 @@ def send_email(w, name, to_expr, subject_expr, text_expr, pos):
     }, pos, credentials=CRED_SMTP)
 
 
+# The approved reply goes out with n8nbrain's Send Reply node
+# (deploy/n8n/nodes, loaded through N8N_CUSTOM_EXTENSIONS): the Send Email
+# node's SMTP credential, nodemailer and output, plus In-Reply-To, References
+# and a Message-ID of ours, which the Send Email node cannot set.
+SEND_REPLY = "CUSTOM.n8nbrainSendReply"
+# The Message-ID of the reply an approval sends: the Sent folder's trigger
+# tells the assistant's own replies (a copy, evidence for verify_reply_sent)
+# from a person's by it, since both answer the customer's message.
+OWN_REPLY = "/^<n8nbrain-reply\\./"
+# JavaScript: a message id as the Send Reply node takes it (<left@right>;
+# brackets added when missing), or '' when it is none (a webhook source's
+# own id): then the reply is sent unthreaded.
+MSG_ID = ("(s) => { s = String(s || '').trim(); if (s !== '' && s[0] !== '<') s = '<' + s + '>'; "
+          "return /^<[^<>\\s@]+@[^<>\\s@]+>$/.test(s) ? s : ''; }")
+
+
+def send_reply(w, name, src, pos):
+    """The approved reply, threaded: src is the node whose first item holds
+    to, subject, body, in_reply_to, thread_root and message_id."""
+    j = "$('" + src + "').first().json."
+    return w.node(name, SEND_REPLY, 1, {
+        "fromEmail": "={{ $('Settings').first().json.mail_from }}",
+        "toEmail": expr(j + "to"),
+        "subject": expr(j + "subject"),
+        "text": expr(j + "body"),
+        "inReplyTo": expr(j + "in_reply_to"),
+        "references": expr("[...new Set([" + j + "thread_root, " + j + "in_reply_to].filter(i => i))].join(' ')"),
+        "messageId": expr(j + "message_id"),
+    }, pos, credentials=CRED_SMTP)
+
+
 # Every notification's subject starts with this tag. n8n's Send Email node
 # can set no header of its own (no X-…, no Auto-Submitted, and the
 # Message-ID nodemailer writes looks like any mail client's), so the tag
@@ -357,7 +388,7 @@ def act_workflow():
     note(w, "Read me", "## Acting on the brain's decisions\nCalled with `{op, …}` by the other n8nbrain workflows.\n\n"
          "* `decision`: route the decision; `send_reply` checks the approved content's SHA-256 against `content_sha256`, "
          "checks that no person replied in the thread since `abort_if_replied_since` (else `closed_manual`), sends **exactly "
-         "the approved text** with the Send Email (SMTP) node, and reports the real outcome: "
+         "the approved text** over SMTP with n8nbrain's Send Reply node (threaded: `In-Reply-To`, `References`), and reports the real outcome: "
          "`succeeded` when the SMTP server accepted it, `failed` when it refused it (a 4xx/5xx answer), `unknown` when no "
          "answer came (then the brain's `verify_reply_sent` reads back).\n"
          "* `event`: submit the turn an `approval_decided`/`approval_expired` event asks for; notify reviewers on "
@@ -504,7 +535,12 @@ def route_decision(w, pos):
             "const content = a.edited || a.proposed || {}; const p = d.action.params; "
             "return {decision: d, status: $json.statusCode, approval_id: p.approval_id, work_item_id: d.work_item_id, since: p.abort_if_replied_since, "
             "hash_ok: $json.statusCode === 200 && a.status === 'approved' && " + CANON + "(content).hash('sha256') === p.content_sha256 && a.approved_sha256 === p.content_sha256, "
-            "to: ($json.body.email || {}).from || '', subject: content.subject, body: content.body}; })()", (x + 480, y - 700))
+            "to: ($json.body.email || {}).from || '', subject: content.subject, body: content.body, "
+            # Threading: In-Reply-To names the customer's message; References
+            # the thread's first message (turn 1's thread_id) and that one.
+            "in_reply_to: (" + MSG_ID + ")(($json.body.email || {}).message_id || d.work_item_id), "
+            "thread_root: (" + MSG_ID + ")(($json.body.email || {}).thread_id), "
+            "message_id: '<n8nbrain-reply.' + p.approval_id + '@' + ((" + ADDRESS + ")($('Settings').first().json.mail_from).split('@')[1] || 'localhost') + '>'}; })()", (x + 480, y - 700))
     if_(w, "Exactly the approved text?", "$json.hash_ok && $json.to !== ''", (x + 700, y - 700))
     # The check right before sending: a reply a person sent in this thread
     # (its In-Reply-To or References name this message) since the draft was
@@ -517,8 +553,7 @@ def route_decision(w, pos):
     setjson(w, "To send once", "{approval_id: $('Check the approved text').first().json.approval_id}", (x + 1280, y - 820))
     dedupe(w, "Once per approval", "'send:' + $json.approval_id", (x + 1400, y - 820), always=True)
     if_(w, "First send?", "$json.approval_id !== undefined", (x + 1520, y - 820))
-    send_email(w, "Send the approved reply", "$('Check the approved text').first().json.to", "$('Check the approved text').first().json.subject",
-               "$('Check the approved text').first().json.body", (x + 1660, y - 880))
+    send_reply(w, "Send the approved reply", "Check the approved text", (x + 1660, y - 880))
     w.nodes[-1]["onError"] = "continueErrorOutput"
     setjson(w, "Sent", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
             "latest_result: {action: 'send_reply', outcome: 'succeeded', detail: String($json.response || '').slice(0, 200)}}}", (x + 1880, y - 960))
@@ -528,9 +563,11 @@ def route_decision(w, pos):
     # the connection lost, a timeout, above all after the message was sent)
     # may have been accepted: unknown, and never resent; the brain asks for
     # verify_reply_sent to read back.
-    if_(w, "Refused by the server?", "/^(Mail command failed|Can.t send mail - all recipients were rejected|Data command failed|Message failed|Invalid login): [45][0-9][0-9]/.test(String($json.error || ''))", (x + 1880, y - 800))
+    # The Send Reply node's own refusals, before any SMTP exchange, start
+    # "not sent: " (a message id that is none, nodemailer not found).
+    if_(w, "Refused by the server?", "/^not sent: /.test(String($json.error || '')) || /^(Mail command failed|Can.t send mail - all recipients were rejected|Data command failed|Message failed|Invalid login): [45][0-9][0-9]/.test(String($json.error || ''))", (x + 1880, y - 800))
     setjson(w, "Refused", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
-            "latest_result: {action: 'send_reply', outcome: 'failed', detail: ('the SMTP server refused it: ' + String($('Send the approved reply').last().json.error)).slice(0, 200)}}}", (x + 2080, y - 860))
+            "latest_result: {action: 'send_reply', outcome: 'failed', detail: ((e) => /^not sent: /.test(e) ? e : 'the SMTP server refused it: ' + e)(String($('Send the approved reply').last().json.error)).slice(0, 200)}}}", (x + 2080, y - 860))
     setjson(w, "Not confirmed", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
             "latest_result: {action: 'send_reply', outcome: 'unknown', detail: String($('Send the approved reply').last().json.error || 'no answer from the SMTP server').slice(0, 200)}}}", (x + 2080, y - 740))
     setjson(w, "A human replied first", "{request: {work_item_id: $('Check the approved text').last().json.work_item_id, turn: $('Check the approved text').last().json.decision.next_turn, "
@@ -678,7 +715,10 @@ def imap_workflow():
         "const from = ((m.from || {}).value || []).map(v => String(v.address || '').toLowerCase()); "
         "return (" + TAGGED + ")(m.subject) && from.some(a => own.includes(a)); })()", (300, 60))
     noop(w, "Not work", (500, -60), "The assistant's own notification, or a reviewer's reply to one.")
-    first_turn(w, "Turn 1", "(() => { const m = $('Each new message').first().json; return {message_id: m.messageId, from: (m.from || {}).text || '', "
+    # thread_id: the thread's first message (References' first id, else
+    # In-Reply-To), for the reply's References.
+    first_turn(w, "Turn 1", "(() => { const m = $('Each new message').first().json; return {message_id: m.messageId, "
+               "thread_id: [].concat(m.references || [])[0] || m.inReplyTo || undefined, from: (m.from || {}).text || '', "
                "to: ((m.to || {}).value || []).map(a => a.address).filter(a => a), subject: m.subject || '', "
                "body: (m.text || '').slice(0, 100000)}; })()", (500, 120))
     call(w, "Submit turn 1", TURN, (700, 120))
@@ -702,7 +742,9 @@ def imap_workflow():
         "options": {"customEmailConfig": "[\"ALL\"]", "trackLastMessageId": True},
     }, (-300, 500), credentials=CRED_IMAP)
     loop(w, "Each sent message", (-100, 500))
-    if_(w, "Answers a thread?", "!!$json.inReplyTo || [].concat($json.references || []).length > 0", (100, 500))
+    # The assistant's own reply answers the customer's message too: its
+    # Message-ID (OWN_REPLY) makes it a sent copy, not a person's reply.
+    if_(w, "Answers a thread?", "!" + OWN_REPLY + ".test(String($json.messageId || '')) && (!!$json.inReplyTo || [].concat($json.references || []).length > 0)", (100, 500))
     setjson(w, "Human reply", "{op: 'human_reply', work_item_id: $json.inReplyTo || '', thread_ids: [].concat($json.references || []), "
             "message_id: $json.messageId || '', human_action: {kind: 'replied', text: ($json.text || '').slice(0, 2000), at: $json.date}}", (300, 420))
     setjson(w, "Sent copy", "{op: 'sent_copy', to: ((($json.to || {}).value || [])[0] || {}).address || '', subject: $json.subject || '', "

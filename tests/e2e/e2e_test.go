@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -225,6 +226,10 @@ func (w *world) n8nEnv(adminURL, db string, port int) []string {
 	if _, err := os.Stat(filepath.Join(n8nBin, "n8n")); err != nil {
 		w.t.Fatalf("n8n is not installed in %s: run tests/e2e/setup.sh (make e2e does): %v", n8nBin, err)
 	}
+	nodes, err := filepath.Abs(filepath.Join("..", "..", "deploy", "n8n", "nodes"))
+	if err != nil {
+		w.t.Fatal(err)
+	}
 	return append(os.Environ(),
 		"PATH="+nodeBin+":"+n8nBin+":"+os.Getenv("PATH"),
 		"N8N_USER_FOLDER="+filepath.Join(w.dir, "n8n-home"),
@@ -235,6 +240,8 @@ func (w *world) n8nEnv(adminURL, db string, port int) []string {
 		fmt.Sprintf("N8N_RUNNERS_BROKER_PORT=%d", freePort(w.t)),
 		"N8N_DIAGNOSTICS_ENABLED=false", "N8N_PERSONALIZATION_ENABLED=false", "N8N_SECURE_COOKIE=false",
 		"N8N_VERSION_NOTIFICATIONS_ENABLED=false", "N8N_TEMPLATES_ENABLED=false", "TZ=UTC", "GENERIC_TIMEZONE=UTC",
+		// The Send Reply node, as the README says to load it.
+		"N8N_CUSTOM_EXTENSIONS="+nodes,
 		"DB_TYPE=postgresdb", "DB_POSTGRESDB_HOST="+u.Hostname(), "DB_POSTGRESDB_PORT="+u.Port(),
 		"DB_POSTGRESDB_DATABASE="+db, "DB_POSTGRESDB_USER="+u.User.Username(), "DB_POSTGRESDB_PASSWORD="+pw,
 	)
@@ -455,13 +462,13 @@ func (w *world) actRuns(t *testing.T, mark, n int) {
 	})
 }
 
-func (w *world) deliver(t *testing.T, id, subject, body string) {
-	w.deliverFrom(t, customer, id, subject, body)
+func (w *world) deliver(t *testing.T, id, subject, body string, headers ...string) {
+	w.deliverFrom(t, customer, id, subject, body, headers...)
 }
 
-func (w *world) deliverFrom(t *testing.T, from, id, subject, body string) {
+func (w *world) deliverFrom(t *testing.T, from, id, subject, body string, headers ...string) {
 	t.Helper()
-	if err := w.imap.save("INBOX", email(id, "Customer <"+from+">", mailFrom, subject, body)); err != nil {
+	if err := w.imap.save("INBOX", email(id, "Customer <"+from+">", mailFrom, subject, body, headers...)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -549,6 +556,7 @@ func (w *world) approve(t *testing.T) {
 	if !strings.EqualFold(got[0].From, mailFrom) {
 		t.Fatalf("envelope sender %s", got[0].From)
 	}
+	threaded(t, p, ap.ID, id, id)
 	// The turn that reported the send was submitted once: the second
 	// delivery found the approval sent.
 	if n := len(turnPosts(w.proxy.since(mark), id)); n != 3 {
@@ -735,8 +743,12 @@ func (w *world) reject(t *testing.T) {
 }
 
 func (w *world) edit(t *testing.T) {
+	// The customer's message answers an earlier one in a thread: the reply's
+	// References name the thread's first message and this one.
 	id := "<edit-" + randomHex(6) + "@customer.example>"
-	w.deliver(t, id, "Quote for a pergola", "Could you quote for a pergola?")
+	root, earlier := "<edit-root-"+randomHex(6)+"@e2e.test>", "<edit-earlier-"+randomHex(6)+"@customer.example>"
+	w.deliver(t, id, "Re: Quote for a pergola", "Could you quote for a pergola?",
+		"In-Reply-To: "+earlier, "References: "+root+"\r\n "+earlier)
 	ap := w.pendingApproval(t, id)
 	edited := map[string]string{"subject": "Re: your pergola", "body": "Hi Jo,\nYour quote is attached: 4 200 € & no <surprises>.\nRegards", "tone": "formal"}
 	before := len(w.smtp.to(customer))
@@ -750,6 +762,23 @@ func (w *world) edit(t *testing.T) {
 	p := parse(t, got[0])
 	if p.subject(t) != edited["subject"] || normalize(p.Body) != edited["body"] {
 		t.Fatalf("sent %q / %q, want the edited %q / %q", p.subject(t), p.Body, edited["subject"], edited["body"])
+	}
+	threaded(t, p, ap.ID, id, root, id)
+}
+
+// threaded checks that a sent reply answers the customer's message
+// inReplyTo, with exactly these References, under the Message-ID the
+// approval gives it (the Sent folder's trigger knows its own by it).
+func threaded(t *testing.T, p parsed, approvalID, inReplyTo string, references ...string) {
+	t.Helper()
+	if got := p.Header.Get("In-Reply-To"); got != inReplyTo {
+		t.Errorf("In-Reply-To %q, want %q", got, inReplyTo)
+	}
+	if got := strings.Fields(p.Header.Get("References")); !slices.Equal(got, references) {
+		t.Errorf("References %q, want %q", got, references)
+	}
+	if got, want := p.Header.Get("Message-ID"), "<n8nbrain-reply."+approvalID+"@"; !strings.HasPrefix(got, want) {
+		t.Errorf("Message-ID %q, want %s…>", got, want)
 	}
 }
 
