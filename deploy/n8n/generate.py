@@ -715,23 +715,38 @@ def imap_workflow():
         "const from = ((m.from || {}).value || []).map(v => String(v.address || '').toLowerCase()); "
         "return (" + TAGGED + ")(m.subject) && from.some(a => own.includes(a)); })()", (300, 60))
     noop(w, "Not work", (500, -60), "The assistant's own notification, or a reviewer's reply to one.")
+    # Mail no person wrote (RFC 3834 Auto-Submitted, the older auto-reply
+    # marks, delivery reports and bounces) is never work: a draft answering
+    # an out-of-office or a bounce helps nobody. Mailing-list marks
+    # (Precedence: list or bulk) are not in it: a shared address such as a
+    # Google Group adds them to customers' mail.
+    if_(w, "Automatic mail?", "(() => { const m = $('Each new message').first().json; const h = m.headers || {}; "
+        "const v = (k) => String(h[k] || '').replace(/^[^:]*:\\s*/, '').trim().toLowerCase(); "
+        "const from = ((m.from || {}).value || []).map(a => String(a.address || '').toLowerCase()); "
+        "return (v('auto-submitted') !== '' && !/^no\\b/.test(v('auto-submitted'))) || h['x-autoreply'] !== undefined || "
+        "h['x-autorespond'] !== undefined || v('precedence') === 'auto_reply' || /^multipart\\/report\\b/.test(v('content-type')) || "
+        "v('return-path') === '<>' || from.some(a => /^(mailer-daemon|postmaster)@/.test(a)); })()", (500, 60))
+    noop(w, "Automatic", (700, 0), "An auto-reply, a delivery report or a bounce: no person wrote it.")
     # thread_id: the thread's first message (References' first id, else
     # In-Reply-To), for the reply's References.
     first_turn(w, "Turn 1", "(() => { const m = $('Each new message').first().json; return {message_id: m.messageId, "
                "thread_id: [].concat(m.references || [])[0] || m.inReplyTo || undefined, from: (m.from || {}).text || '', "
                "to: ((m.to || {}).value || []).map(a => a.address).filter(a => a), subject: m.subject || '', "
-               "body: (m.text || '').slice(0, 100000)}; })()", (500, 120))
-    call(w, "Submit turn 1", TURN, (700, 120))
-    if_(w, "Decided?", "$json.ok", (900, 120))
-    setjson(w, "The decision", "{op: 'decision', decision: $json.decision}", (1100, 60))
-    call(w, "Act on it", ACT, (1300, 60), alwaysOutputData=True)
-    stop(w, "Turn 1 refused", "'turn 1 not decided (' + $json.status + ' ' + ($json.error.reason || $json.error.code) + '): ' + $json.error.message", (1100, 240))
+               "body: (m.text || '').slice(0, 100000)}; })()", (700, 120))
+    call(w, "Submit turn 1", TURN, (900, 120))
+    if_(w, "Decided?", "$json.ok", (1100, 120))
+    setjson(w, "The decision", "{op: 'decision', decision: $json.decision}", (1300, 60))
+    call(w, "Act on it", ACT, (1500, 60), alwaysOutputData=True)
+    stop(w, "Turn 1 refused", "'turn 1 not decided (' + $json.status + ' ' + ($json.error.reason || $json.error.code) + '): ' + $json.error.message", (1300, 240))
     w.chain("New mail", "Each new message")
     w.connect("Each new message", "Settings", 1)
     w.chain("Settings", "Our own notice?")
     w.connect("Our own notice?", "Not work", 0)
-    w.connect("Our own notice?", "Turn 1", 1)
+    w.connect("Our own notice?", "Automatic mail?", 1)
+    w.connect("Automatic mail?", "Automatic", 0)
+    w.connect("Automatic mail?", "Turn 1", 1)
     w.connect("Not work", "Each new message")
+    w.connect("Automatic", "Each new message")
     w.chain("Turn 1", "Submit turn 1", "Decided?")
     w.connect("Decided?", "The decision", 0)
     w.connect("Decided?", "Turn 1 refused", 1)

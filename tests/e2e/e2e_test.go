@@ -77,6 +77,7 @@ func TestAssistantEndToEnd(t *testing.T) {
 
 	t.Run("ApproveOnTheReviewPageSendsTheApprovedTextOnce", func(t *testing.T) { w.approve(t) })
 	t.Run("NotificationInTheOwnInboxIsNotWork", func(t *testing.T) { w.ownNotice(t) })
+	t.Run("AutomaticMailIsNotWork", func(t *testing.T) { w.automaticMail(t) })
 	t.Run("Reject", func(t *testing.T) { w.reject(t) })
 	t.Run("EditSendsTheEditedText", func(t *testing.T) { w.edit(t) })
 	t.Run("HumanReplyFirstClosesManualAndSendsNothing", func(t *testing.T) { w.humanFirst(t) })
@@ -700,6 +701,46 @@ func (w *world) ownNotice(t *testing.T) {
 
 // noNoticeWork: over the whole run, every notification landed in INBOX
 // too, and every work item is a customer's message.
+// automaticMail: an out-of-office (RFC 3834), an old-style auto-reply and
+// a bounce land in the INBOX from customers' domain; n8n reads them and
+// submits no turn. A message from a person, delivered last, still is work.
+func (w *world) automaticMail(t *testing.T) {
+	out, old, bounce := "<ooo-"+randomHex(6)+"@auto.example>", "<autoreply-"+randomHex(6)+"@auto.example>", "<bounce-"+randomHex(6)+"@auto.example>"
+	for _, m := range [][]byte{
+		email(out, "Customer <"+customer+">", mailFrom, "Out of office: Quote for a deck", "I am away until Monday.", "Auto-Submitted: auto-replied"),
+		email(old, "Customer <"+customer+">", mailFrom, "Re: Quote for a deck", "Thanks, we got your message.", "X-Autoreply: yes"),
+		email(bounce, "Mail Delivery System <MAILER-DAEMON@auto.example>", mailFrom, "Undelivered Mail Returned to Sender",
+			"This is the mail system: your message could not be delivered.", "Return-Path: <>"),
+	} {
+		if err := w.imap.save("INBOX", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	person := "<person-" + randomHex(6) + "@customer.example>"
+	w.deliver(t, person, "Quote for a deck", "Could you quote for a deck? I wrote this myself.", "Auto-Submitted: no")
+	ap := w.pendingApproval(t, person)
+	for _, mid := range []string{out, old, bounce} {
+		eventually(t, time.Minute, "n8n to read "+mid+" from INBOX", func() bool {
+			seen, err := w.imap.seen("INBOX", mid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return seen
+		})
+	}
+	w.idle(t)
+	var n int
+	if err := w.tenantDB.QueryRow(context.Background(), `SELECT count(*) FROM work_items WHERE id = ANY($1)`, []string{out, old, bounce}).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d work items for automatic mail, want none", n)
+	}
+	w.decide(t, ap.ID, "reject", map[string]string{"by": "alice", "reason": "not now"})
+	w.waitItem(t, person, "escalated", "")
+	w.idle(t)
+}
+
 func (w *world) noNoticeWork(t *testing.T) {
 	w.idle(t)
 	var ids []string
