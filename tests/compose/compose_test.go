@@ -599,6 +599,19 @@ func (s *stack) n8nLoop(t *testing.T) {
 	if got := sendReplyOf(turn2); got != approval.ID {
 		t.Fatalf("n8n's turn 2: %s, want send_reply of %s", describe(turn2), approval.ID)
 	}
+	// n8n then sends with n8nbrain's Send Reply node, which compose loads
+	// (N8N_CUSTOM_EXTENSIONS): compose has no SMTP server, so the send ends
+	// unknown, and n8n reports it as turn 3. Without the node, n8n fails
+	// the run at that node ("Unrecognized node type") and submits no turn 3.
+	key3 := `"turn_key":"` + subjects.TurnKey(mid, 3) + `"`
+	waitFor(t, 3*time.Minute, "n8n's turn 3, the outcome of its send", func() bool {
+		for _, line := range strings.Split(s.compose(time.Minute, "logs", "--no-color", "edge"), "\n") {
+			if strings.Contains(line, key3) && strings.Contains(line, `"route":"POST /v1/turns","status":200`) {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // restartUnderLoad keeps a few clients submitting new work items while one
