@@ -259,6 +259,7 @@ def loop(w, name, pos):
 # key as Remove Duplicates does. Each is created on first use.
 REPLIES = ("n8nbrain_thread_replies", [("thread_id", "string"), ("message_id", "string"),
                                        ("replied_at", "date"), ("text", "string")])
+REPLIES_KEPT_DAYS = 90
 NOTIFIED = ("n8nbrain_notified_events", [("event_id", "string"), ("kind", "string")])
 
 
@@ -300,6 +301,14 @@ def table_get(w, name, table_node, conds, pos):
     return w.node(name, "n8n-nodes-base.dataTable", 1.1, {
         "resource": "row", "operation": "get", "dataTableId": table_ref(table_node),
         "matchType": "allConditions", "filters": table_filter(*conds), "limit": 1,
+    }, pos, alwaysOutputData=True, executeOnce=True)
+
+
+def table_delete(w, name, table_node, conds, pos):
+    """Delete every row matching every condition (once per run)."""
+    return w.node(name, "n8n-nodes-base.dataTable", 1.1, {
+        "resource": "row", "operation": "deleteRows", "dataTableId": table_ref(table_node),
+        "matchType": "allConditions", "filters": table_filter(*conds), "options": {},
     }, pos, alwaysOutputData=True, executeOnce=True)
 
 
@@ -489,6 +498,12 @@ def act_workflow():
         "thread_id": "$json.thread_ids", "message_id": "String($('Called').first().json.message_id || '')",
         "replied_at": "$('Called').first().json.human_action.at || $now.toISO()",
         "text": "String($('Called').first().json.human_action.text || '').slice(0, 2000)"}, (580, 1200))
+    # The check before a send looks back to when the draft was proposed, and
+    # a draft waits days, not months: rows older than REPLIES_KEPT_DAYS are
+    # dropped as each reply is recorded, so the table (n8n caps the size of
+    # its data tables) stays small.
+    table_delete(w, "Forget old replies", "Replies table", [
+        ("replied_at", "lt", "$now.minus({days: " + str(REPLIES_KEPT_DAYS) + "}).toISO()")], (650, 1300))
     if_(w, "Answers a message?", "!!$('Called').first().json.work_item_id", (720, 1200), executeOnce=True)
     setjson(w, "Closed by a human", "{request: {work_item_id: $('Called').first().json.work_item_id, turn: 2, latest_result: "
             "{action: 'draft_reply', outcome: 'closed_manual', human_action: $('Called').first().json.human_action}}}", (900, 1120))
@@ -501,7 +516,7 @@ def act_workflow():
     stop(w, "closed_manual refused", "'closed_manual for ' + $('Called').first().json.work_item_id + ' refused (' + $json.status + '): ' + $json.error.message", (1500, 1200))
     noop(w, "Recorded", (900, 1300), "The reply names no message it answers: recorded for the check before sending only.")
     w.connect("Op", "Replies table", 2)
-    w.chain("Replies table", "Thread ids", "One row per id", "Record the reply", "Answers a message?")
+    w.chain("Replies table", "Thread ids", "One row per id", "Record the reply", "Forget old replies", "Answers a message?")
     w.connect("Answers a message?", "Closed by a human", 0)
     w.connect("Answers a message?", "Recorded", 1)
     w.chain("Closed by a human", "Report closed_manual", "Reported?")

@@ -14,6 +14,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -82,6 +83,7 @@ func TestAssistantEndToEnd(t *testing.T) {
 	t.Run("EditSendsTheEditedText", func(t *testing.T) { w.edit(t) })
 	t.Run("HumanReplyFirstClosesManualAndSendsNothing", func(t *testing.T) { w.humanFirst(t) })
 	t.Run("HumanReplyAfterApprovalStopsTheSend", func(t *testing.T) { w.humanBeforeSend(t) })
+	t.Run("OldHumanRepliesAreForgotten", func(t *testing.T) { w.oldReplies(t) })
 	t.Run("RecipientRefusedIsFailed", func(t *testing.T) { w.refused(t) })
 	t.Run("SMTPDownIsUnknownThenVerifiedFailed", func(t *testing.T) { w.smtpDown(t) })
 	t.Run("AnswerLostIsUnknownThenVerifiedSent", func(t *testing.T) { w.answerLost(t) })
@@ -848,6 +850,46 @@ func (w *world) humanFirst(t *testing.T) {
 	if !strings.Contains(string(human), "call you this afternoon") {
 		t.Fatalf("human_action %s", human)
 	}
+}
+
+// oldReplies: a person's replies are kept for the check before a send for
+// 90 days (n8n caps a data table's size): a reply dated 200 days ago is
+// dropped when it is recorded, one of today is kept.
+func (w *world) oldReplies(t *testing.T) {
+	old, recent := "<gone-"+randomHex(6)+"@customer.example>", "<kept-"+randomHex(6)+"@customer.example>"
+	long := time.Now().AddDate(0, 0, -200).UTC().Format(time.RFC1123Z)
+	for _, m := range [][]byte{
+		email("<owner-"+randomHex(6)+"@e2e.test>", "Owner <"+mailFrom+">", customer, "Re: An old thread", "Old answer.", "Date: "+long, "In-Reply-To: "+old),
+		email("<owner-"+randomHex(6)+"@e2e.test>", "Owner <"+mailFrom+">", customer, "Re: A new thread", "New answer.", "In-Reply-To: "+recent),
+	} {
+		if err := w.imap.save("Sent", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, time.Minute, "today's reply recorded", func() bool { return w.replyRows(t, recent) == 1 })
+	w.idle(t)
+	if n := w.replyRows(t, old); n != 0 {
+		t.Fatalf("%d rows kept for a reply of 200 days ago, want none", n)
+	}
+}
+
+// replyRows counts the rows n8n's replies data table holds for a message id.
+func (w *world) replyRows(t *testing.T, messageID string) int {
+	t.Helper()
+	ctx := context.Background()
+	var id string
+	err := w.n8nDB.QueryRow(ctx, `SELECT id FROM data_table WHERE name = 'n8nbrain_thread_replies'`).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0 // created by the first reply recorded
+	}
+	if err != nil {
+		t.Fatalf("n8n's replies data table: %v", err)
+	}
+	var n int
+	if err := w.n8nDB.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{"data_table_user_" + id}.Sanitize()+` WHERE thread_id = $1`, messageID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // humanBeforeSend: the reviewer approves, and a person answers the thread

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -359,10 +360,13 @@ func (p parsed) subject(t *testing.T) string {
 }
 
 // email builds an inbound message; without msgID it has no Message-ID.
+// Its Date is now unless extra holds one.
 func email(msgID, from, to, subject, body string, extra ...string) []byte {
 	var b strings.Builder
-	fmt.Fprintf(&b, "From: %s\r\nTo: %s\r\nSubject: %s\r\nDate: %s\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n",
-		from, to, subject, time.Now().UTC().Format(time.RFC1123Z))
+	fmt.Fprintf(&b, "From: %s\r\nTo: %s\r\nSubject: %s\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n", from, to, subject)
+	if !slices.ContainsFunc(extra, func(h string) bool { return strings.HasPrefix(strings.ToLower(h), "date:") }) {
+		fmt.Fprintf(&b, "Date: %s\r\n", time.Now().UTC().Format(time.RFC1123Z))
+	}
 	if msgID != "" {
 		fmt.Fprintf(&b, "Message-ID: %s\r\n", msgID)
 	}
