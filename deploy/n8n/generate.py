@@ -803,7 +803,10 @@ def intake_workflow():
         "httpMethod": "POST", "path": "new-email", "authentication": "headerAuth",
         "responseMode": "responseNode", "options": {},
     }, (-300, 0), webhookId=str(uuid.uuid5(NS, "webhook/new-email")), credentials=CRED_INTAKE)
-    first_turn(w, "Turn 1", "{message_id: String($json.body.message_id || ''), from: String($json.body.from || ''), "
+    # thread_id (optional): the thread's first message id, for the reply's
+    # References, as the IMAP intake keeps it.
+    first_turn(w, "Turn 1", "{message_id: String($json.body.message_id || ''), thread_id: $json.body.thread_id ? String($json.body.thread_id) : undefined, "
+               "from: String($json.body.from || ''), "
                "to: Array.isArray($json.body.to) ? $json.body.to : [], subject: String($json.body.subject || ''), "
                "body: String($json.body.text || $json.body.body || '')}", (-80, 0))
     call(w, "Submit turn 1", TURN, (140, 0))

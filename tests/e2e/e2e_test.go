@@ -1175,8 +1175,8 @@ func (w *world) clientError(t *testing.T) {
 }
 
 func (w *world) webhookIntake(t *testing.T) {
-	id := "<hook-" + randomHex(6) + "@customer.example>"
-	body := fmt.Sprintf(`{"message_id":%q,"from":"Jo Bloggs <%s>","subject":"Quote for a gate","text":"Could you quote for a gate?"}`, id, customer)
+	id, root := "<hook-"+randomHex(6)+"@customer.example>", "<hook-root-"+randomHex(6)+"@customer.example>"
+	body := fmt.Sprintf(`{"message_id":%q,"thread_id":%q,"from":"Jo Bloggs <%s>","subject":"Quote for a gate","text":"Could you quote for a gate?"}`, id, root, customer)
 	// The events secret does not open the intake.
 	if s := w.postStatus("/webhook/new-email", map[string]string{devstack.N8NIntakeHeader: w.secret}, body); s != http.StatusForbidden {
 		t.Fatalf("intake with the events secret: %d, want 403", s)
@@ -1192,6 +1192,7 @@ func (w *world) webhookIntake(t *testing.T) {
 	if n := len(w.smtp.to(customer)) - before; n != 1 {
 		t.Fatalf("%d replies, want 1", n)
 	}
+	threaded(t, parse(t, w.smtp.to(customer)[before]), ap.ID, id, root, id)
 	// A bad request gets the edge's 400, once: no retries of client errors.
 	mark := w.proxy.count()
 	if s := w.postStatus("/webhook/new-email", map[string]string{devstack.N8NIntakeHeader: w.intake}, `{"from":"x"}`); s != http.StatusBadRequest {
