@@ -601,8 +601,9 @@ func (s *stack) n8nLoop(t *testing.T) {
 	}
 	// n8n then sends with n8nbrain's Send Reply node, which compose loads
 	// (N8N_CUSTOM_EXTENSIONS): compose has no SMTP server, so the send ends
-	// unknown, and n8n reports it as turn 3. Without the node, n8n fails
-	// the run at that node ("Unrecognized node type") and submits no turn 3.
+	// unknown, and n8n reports it as turn 3. Without the node, n8n refuses
+	// every run that calls the act workflow ("Unrecognized node type"): the
+	// event is answered 500, and neither turn 2 nor turn 3 comes.
 	key3 := `"turn_key":"` + subjects.TurnKey(mid, 3) + `"`
 	waitFor(t, 3*time.Minute, "n8n's turn 3, the outcome of its send", func() bool {
 		for _, line := range strings.Split(s.compose(time.Minute, "logs", "--no-color", "edge"), "\n") {
