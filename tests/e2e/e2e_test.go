@@ -679,7 +679,19 @@ func (w *world) ownNotice(t *testing.T) {
 		"I'll look at it after lunch.", "In-Reply-To: "+noticeID)); err != nil {
 		t.Fatal(err)
 	}
-	for _, mid := range []string{noticeID, replyID} {
+	w.readButNoWork(t, "the notification and the reply to it", noticeID, replyID)
+	w.decide(t, ap.ID, "reject", map[string]string{"by": "alice", "reason": "not now"})
+	w.waitItem(t, id, "escalated", "")
+	w.idle(t)
+}
+
+// noNoticeWork: over the whole run, every notification landed in INBOX
+// too, and every work item is a customer's message.
+// readButNoWork waits until n8n has read every message of ids from the
+// INBOX and finished its runs, then checks that none became a work item.
+func (w *world) readButNoWork(t *testing.T, what string, ids ...string) {
+	t.Helper()
+	for _, mid := range ids {
 		eventually(t, time.Minute, "n8n to read "+mid+" from INBOX", func() bool {
 			seen, err := w.imap.seen("INBOX", mid)
 			if err != nil {
@@ -690,19 +702,14 @@ func (w *world) ownNotice(t *testing.T) {
 	}
 	w.idle(t)
 	var n int
-	if err := w.tenantDB.QueryRow(context.Background(), `SELECT count(*) FROM work_items WHERE id = ANY($1)`, []string{noticeID, replyID}).Scan(&n); err != nil {
+	if err := w.tenantDB.QueryRow(context.Background(), `SELECT count(*) FROM work_items WHERE id = ANY($1)`, ids).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {
-		t.Fatalf("%d work items for the notification and the reply to it, want none", n)
+		t.Fatalf("%d work items for %s, want none", n, what)
 	}
-	w.decide(t, ap.ID, "reject", map[string]string{"by": "alice", "reason": "not now"})
-	w.waitItem(t, id, "escalated", "")
-	w.idle(t)
 }
 
-// noNoticeWork: over the whole run, every notification landed in INBOX
-// too, and every work item is a customer's message.
 // automaticMail: an out-of-office (RFC 3834), an old-style auto-reply and
 // a bounce land in the INBOX from customers' domain; n8n reads them and
 // submits no turn. A message from a person, delivered last, still is work.
@@ -721,23 +728,7 @@ func (w *world) automaticMail(t *testing.T) {
 	person := "<person-" + randomHex(6) + "@customer.example>"
 	w.deliver(t, person, "Quote for a deck", "Could you quote for a deck? I wrote this myself.", "Auto-Submitted: no")
 	ap := w.pendingApproval(t, person)
-	for _, mid := range []string{out, old, bounce} {
-		eventually(t, time.Minute, "n8n to read "+mid+" from INBOX", func() bool {
-			seen, err := w.imap.seen("INBOX", mid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return seen
-		})
-	}
-	w.idle(t)
-	var n int
-	if err := w.tenantDB.QueryRow(context.Background(), `SELECT count(*) FROM work_items WHERE id = ANY($1)`, []string{out, old, bounce}).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 0 {
-		t.Fatalf("%d work items for automatic mail, want none", n)
-	}
+	w.readButNoWork(t, "automatic mail", out, old, bounce)
 	w.decide(t, ap.ID, "reject", map[string]string{"by": "alice", "reason": "not now"})
 	w.waitItem(t, person, "escalated", "")
 	w.idle(t)
