@@ -210,6 +210,15 @@ SEND_REPLY = "CUSTOM.n8nbrainSendReply"
 # tells the assistant's own replies (a copy, evidence for verify_reply_sent)
 # from a person's by it, since both answer the customer's message.
 OWN_REPLY = "/^<n8nbrain-reply\\./"
+
+
+def own_reply_id(approval_js):
+    """JavaScript: the Message-ID of the reply that approval sends,
+    <n8nbrain-reply.<approval id>@<mail_from's domain>>."""
+    return ("'<n8nbrain-reply.' + " + approval_js + " + '@' + ((" + ADDRESS + ")($('Settings').first().json.mail_from)"
+            ".split('@')[1] || 'localhost') + '>'")
+
+
 # JavaScript: a message id as the Send Reply node takes it (<left@right>;
 # brackets added when missing), or '' when it is none (a webhook source's
 # own id): then the reply is sent unthreaded.
@@ -383,12 +392,6 @@ CANON = ("(function canon(v) { if (Array.isArray(v)) return '[' + v.map(canon).j
          "return JSON.stringify(v).replace(/</g, '\\\\u003c').replace(/>/g, '\\\\u003e').replace(/&/g, '\\\\u0026')"
          ".replace(/\\u2028/g, '\\\\u2028').replace(/\\u2029/g, '\\\\u2029'); })")
 
-# A sent copy's key: recipient, subject, text and the minute it was written.
-# The Send Email node cannot add a header naming the approval, so the copy
-# is matched on what it carries; the minute keeps two identical replies to
-# one person apart unless they were sent within minutes of each other.
-COPY_KEY = ("(to, s, t, m) => 'copy:' + (String(to || '').toLowerCase() + '\\n' + String(s || '').trim() + '\\n' + "
-            "String(t || '').replace(/\\r\\n/g, '\\n').trim() + '\\n' + m).hash('sha256')")
 ADDRESS = "(a) => ((String(a || '').match(/<([^>]+)>/) || [null, String(a || '')])[1]).trim().toLowerCase()"
 
 
@@ -405,7 +408,7 @@ def act_workflow():
          "thread: recorded, and `closed_manual`.\n"
          "* `sent_copy`: a copy of a sent message seen in the Sent folder (evidence for `verify_reply_sent`).\n\n"
          "**Once only**: the Remove Duplicates store (scope: this workflow) holds `send:<approval>` (a duplicated event "
-         "sends nothing) and `copy:<hash>` (sent copies seen). Data tables: `" + REPLIES[0] + "` (a person's replies, by "
+         "sends nothing) and `copy:<Message-ID>` (the assistant's replies seen in Sent). Data tables: `" + REPLIES[0] + "` (a person's replies, by "
          "every message id they answer, with the time) and `" + NOTIFIED[0] + "` (events a person was told about).", (-400, -600), w_=620, h=560)
     called(w, (-400, 0))
     call(w, "Settings", SETTINGS, (-180, 0))
@@ -524,8 +527,9 @@ def act_workflow():
     w.connect("Reported?", "closed_manual refused", 1)
 
     # --- sent copy -------------------------------------------------------
-    dedupe(w, "Record the copy", "(" + COPY_KEY + ")($('Called').first().json.to, $('Called').first().json.subject, "
-           "$('Called').first().json.text, $('Called').first().json.minute)", (300, 1480))
+    # The assistant's own reply, by its Message-ID: the evidence
+    # verify_reply_sent looks for.
+    dedupe(w, "Record the copy", "'copy:' + $('Called').first().json.message_id", (300, 1480))
     w.connect("Op", "Record the copy", 3)
     return w
 
@@ -555,7 +559,7 @@ def route_decision(w, pos):
             # the thread's first message (turn 1's thread_id) and that one.
             "in_reply_to: (" + MSG_ID + ")(($json.body.email || {}).message_id || d.work_item_id), "
             "thread_root: (" + MSG_ID + ")(($json.body.email || {}).thread_id), "
-            "message_id: '<n8nbrain-reply.' + p.approval_id + '@' + ((" + ADDRESS + ")($('Settings').first().json.mail_from).split('@')[1] || 'localhost') + '>'}; })()", (x + 480, y - 700))
+            "message_id: " + own_reply_id("p.approval_id") + "}; })()", (x + 480, y - 700))
     if_(w, "Exactly the approved text?", "$json.hash_ok && $json.to !== ''", (x + 700, y - 700))
     # The check right before sending: a reply a person sent in this thread
     # (its In-Reply-To or References name this message) since the draft was
@@ -607,28 +611,22 @@ def route_decision(w, pos):
     w.connect("Refused by the server?", "Refused", 0)
     w.connect("Refused by the server?", "Not confirmed", 1)
 
-    # verify_reply_sent: wait for the Sent folder's copy, then look it up.
-    setjson(w, "To verify", "{decision: $json.decision}", (x + 140, y - 200))
-    http(w, "Content to verify", "GET", "$('Settings').first().json.edge_url + '/v1/approvals/' + encodeURIComponent($json.decision.action.params.approval_id)", (x + 260, y - 200))
-    # The copy's minute is when the reply was written, moments before the
-    # send that ended unknown: look at the minutes around now.
-    setjson(w, "Copy key", "(() => { const a = $json.body.approval || {}; const c = a.edited || a.proposed || {}; "
-            "const to = (" + ADDRESS + ")(($json.body.email || {}).from); const m = Math.floor(Date.now() / 60000); "
-            "return {decision: $('To verify').last().json.decision, status: $json.statusCode, "
-            "keys: [m - 3, m - 2, m - 1, m, m + 1].map(k => (" + COPY_KEY + ")(to, c.subject, c.body, k)), "
-            "wait: Number($('Settings').first().json.verify_wait_seconds) || 60}; })()", (x + 480, y - 200))
-    wait(w, "Wait for the copy", "$json.wait", (x + 700, y - 200))
-    w.node("One key per minute", "n8n-nodes-base.splitOut", 1, {"fieldToSplitOut": "keys", "include": "noOtherFields", "options": {}}, (x + 810, y - 200))
-    dedupe(w, "Copy not seen?", "$json.keys", (x + 920, y - 200), always=True)
-    # Every key that passes was never recorded; fewer than all passing means
-    # a copy was seen.
-    setjson(w, "Verified", "(() => { const seen = $input.all().filter(i => i.json.keys !== undefined).length < 5; "
+    # verify_reply_sent: wait for the Sent folder's copy, then look it up by
+    # the Message-ID the approval's reply was sent with. Nothing else can
+    # match: not an identical reply to the same person (a rule's text sent
+    # twice), which a match on recipient and text would take for this one.
+    setjson(w, "Copy key", "{decision: $json.decision, key: 'copy:' + " + own_reply_id("$json.decision.action.params.approval_id") + ", "
+            "wait: Number($('Settings').first().json.verify_wait_seconds) || 60}", (x + 140, y - 200))
+    wait(w, "Wait for the copy", "$json.wait", (x + 360, y - 200))
+    dedupe(w, "Copy not seen?", "$json.key", (x + 580, y - 200), always=True)
+    # The key passes only if it was never recorded: no item with it means
+    # the copy was seen.
+    setjson(w, "Verified", "(() => { const seen = $input.all().every(i => i.json.key === undefined); "
             "return {request: {work_item_id: $('Copy key').last().json.decision.work_item_id, turn: $('Copy key').last().json.decision.next_turn, "
             "latest_result: {action: 'verify_reply_sent', outcome: seen ? 'succeeded' : 'failed', "
-            "detail: seen ? 'a copy is in the Sent folder' : 'no copy in the Sent folder after ' + $('Copy key').last().json.wait + ' s'}}}; })()", (x + 1140, y - 200), executeOnce=True)
-    w.connect("Route decision", "To verify", 1)
-    w.connect("To verify", "Content to verify")
-    w.chain("Content to verify", "Copy key", "Wait for the copy", "One key per minute", "Copy not seen?", "Verified")
+            "detail: seen ? 'a copy is in the Sent folder' : 'no copy in the Sent folder after ' + $('Copy key').last().json.wait + ' s'}}}; })()", (x + 800, y - 200), executeOnce=True)
+    w.connect("Route decision", "Copy key", 1)
+    w.chain("Copy key", "Wait for the copy", "Copy not seen?", "Verified")
 
     # escalate_item: tell a person.
     notify_email(w, "Notify: a person decides",
@@ -716,8 +714,8 @@ def imap_workflow():
          "(the `approval_requested` event). The assistant's own notifications (subject tagged `" + TAG + "`, from `mail_from` "
          "or a `notify_to` address: a notice, or a reviewer's reply to one) are skipped, never work.\n* **Sent mail** (IMAP, "
          "the Sent folder): a message that answers a thread (`In-Reply-To` or `References`) is a human reply: recorded for the "
-         "check right before a send, and the message it answers closes as `closed_manual` while its draft waits. A message "
-         "without them is a sent copy: the evidence `verify_reply_sent` looks for.\n\nCredentials *n8nbrain mailbox (IMAP)* and "
+         "check right before a send, and the message it answers closes as `closed_manual` while its draft waits. The "
+         "assistant's own reply (Message-ID `<n8nbrain-reply.…>`) is a sent copy: the evidence `verify_reply_sent` looks for.\n\nCredentials *n8nbrain mailbox (IMAP)* and "
          "*(SMTP)*, *n8nbrain edge*; addresses in *n8nbrain: settings*. All written by the import.", (-300, -500), h=440)
     w.node("New mail", "n8n-nodes-base.emailReadImap", 2.2, {
         "mailbox": "INBOX", "postProcessAction": "read", "format": "resolved",
@@ -772,21 +770,25 @@ def imap_workflow():
         "options": {"customEmailConfig": "[\"ALL\"]", "trackLastMessageId": True},
     }, (-300, 500), credentials=CRED_IMAP)
     loop(w, "Each sent message", (-100, 500))
-    # The assistant's own reply answers the customer's message too: its
-    # Message-ID (OWN_REPLY) makes it a sent copy, not a person's reply.
-    if_(w, "Answers a thread?", "!" + OWN_REPLY + ".test(String($json.messageId || '')) && (!!$json.inReplyTo || [].concat($json.references || []).length > 0)", (100, 500))
+    # The assistant's own reply (its Message-ID, OWN_REPLY) is a sent copy:
+    # it answers the customer's message too, but no person wrote it.
+    if_(w, "Our reply?", OWN_REPLY + ".test(String($json.messageId || ''))", (100, 560))
+    if_(w, "Answers a thread?", "!!$json.inReplyTo || [].concat($json.references || []).length > 0", (300, 420))
+    noop(w, "Not a reply", (500, 300), "A person's new message, not an answer: nothing to reconcile.")
     setjson(w, "Human reply", "{op: 'human_reply', work_item_id: $json.inReplyTo || '', thread_ids: [].concat($json.references || []), "
-            "message_id: $json.messageId || '', human_action: {kind: 'replied', text: ($json.text || '').slice(0, 2000), at: $json.date}}", (300, 420))
-    setjson(w, "Sent copy", "{op: 'sent_copy', to: ((($json.to || {}).value || [])[0] || {}).address || '', subject: $json.subject || '', "
-            "text: $json.text || '', minute: Math.floor(new Date($json.date || Date.now()).getTime() / 60000)}", (300, 580))
-    call(w, "Reconcile", ACT, (500, 420), alwaysOutputData=True)
-    call(w, "Record the copy", ACT, (500, 580), alwaysOutputData=True)
+            "message_id: $json.messageId || '', human_action: {kind: 'replied', text: ($json.text || '').slice(0, 2000), at: $json.date}}", (500, 420))
+    setjson(w, "Sent copy", "{op: 'sent_copy', message_id: String($json.messageId)}", (300, 640))
+    call(w, "Reconcile", ACT, (700, 420), alwaysOutputData=True)
+    call(w, "Record the copy", ACT, (500, 640), alwaysOutputData=True)
     w.chain("Sent mail", "Each sent message")
-    w.connect("Each sent message", "Answers a thread?", 1)
+    w.connect("Each sent message", "Our reply?", 1)
+    w.connect("Our reply?", "Sent copy", 0)
+    w.connect("Our reply?", "Answers a thread?", 1)
     w.connect("Answers a thread?", "Human reply", 0)
-    w.connect("Answers a thread?", "Sent copy", 1)
+    w.connect("Answers a thread?", "Not a reply", 1)
     w.chain("Human reply", "Reconcile", "Each sent message")
     w.chain("Sent copy", "Record the copy", "Each sent message")
+    w.connect("Not a reply", "Each sent message")
     return w
 
 

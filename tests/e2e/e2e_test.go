@@ -87,6 +87,7 @@ func TestAssistantEndToEnd(t *testing.T) {
 	t.Run("RecipientRefusedIsFailed", func(t *testing.T) { w.refused(t) })
 	t.Run("SMTPDownIsUnknownThenVerifiedFailed", func(t *testing.T) { w.smtpDown(t) })
 	t.Run("AnswerLostIsUnknownThenVerifiedSent", func(t *testing.T) { w.answerLost(t) })
+	t.Run("SameTextTwiceIsVerifiedByItsOwnCopy", func(t *testing.T) { w.sameTextTwice(t) })
 	t.Run("FailedEventTurnIsAnswered503AndRedelivered", func(t *testing.T) { w.eventRedelivered(t) })
 	t.Run("HaltedItemNotifiesAndSubmitsNoTurn", func(t *testing.T) { w.halted(t) })
 	t.Run("ClientErrorIsPostedOnceAndFailsTheRun", func(t *testing.T) { w.clientError(t) })
@@ -988,8 +989,7 @@ func (w *world) actions(t *testing.T, id string) string {
 
 func (w *world) smtpDown(t *testing.T) {
 	id := "<down-" + randomHex(6) + "@customer.example>"
-	// Its own customer: the same rule-made reply went to Jo already, and a
-	// sent copy is matched on recipient, text and minute.
+	// Its own customer, so that what reaches them can be counted.
 	const sam = "sam@customer.example"
 	w.deliverFrom(t, sam, id, "Quote for a carport", "Could you quote for a carport?")
 	ap := w.pendingApproval(t, id)
@@ -1014,6 +1014,44 @@ func (w *world) smtpDown(t *testing.T) {
 	w.idle(t)
 	if n := len(w.smtp.to(sam)); n != 0 {
 		t.Fatalf("%d messages to the customer, want none: the reply was never accepted and is never resent", n)
+	}
+}
+
+// sameTextTwice: two quote requests from one customer get the rule's same
+// reply, minutes apart. The first is sent; the second's send finds SMTP
+// down (unknown), and its verification must not take the first's copy in
+// Sent, identical in recipient, subject and text, for its own: failed.
+func (w *world) sameTextTwice(t *testing.T) {
+	const lou = "lou@customer.example"
+	first, second := "<twice-1-"+randomHex(6)+"@customer.example>", "<twice-2-"+randomHex(6)+"@customer.example>"
+	w.deliverFrom(t, lou, first, "Quote for a pond", "Could you quote for a pond?")
+	ap := w.pendingApproval(t, first)
+	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	w.waitItem(t, first, "closed", "succeeded")
+	w.idle(t)
+	w.deliverFrom(t, lou, second, "Quote for a second pond", "And one more pond, please.")
+	ap = w.pendingApproval(t, second)
+	eventually(t, time.Minute, "the reviewers' notification", func() bool {
+		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
+	})
+	w.smtp.stop()
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			w.smtp.start()
+		}
+	})
+	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
+	w.waitItem(t, second, "escalated", "failed")
+	w.smtp.start()
+	restarted = true
+	w.idle(t)
+	got := w.smtp.to(lou)
+	if len(got) != 1 {
+		t.Fatalf("%d messages to the customer, want 1: the second reply was never accepted", len(got))
+	}
+	if p := parse(t, got[0]); p.subject(t) != approvedSubject || normalize(p.Body) != approvedBody {
+		t.Fatalf("sent %q / %q, want the rule's reply", p.subject(t), p.Body)
 	}
 }
 
