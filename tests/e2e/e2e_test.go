@@ -992,26 +992,7 @@ func (w *world) smtpDown(t *testing.T) {
 	// Its own customer, so that what reaches them can be counted.
 	const sam = "sam@customer.example"
 	w.deliverFrom(t, sam, id, "Quote for a carport", "Could you quote for a carport?")
-	ap := w.pendingApproval(t, id)
-	eventually(t, time.Minute, "the reviewers' notification", func() bool {
-		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
-	})
-	w.smtp.stop()
-	restarted := false
-	t.Cleanup(func() {
-		if !restarted {
-			w.smtp.start()
-		}
-	})
-	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
-	// send_reply: unknown; verify_reply_sent: no copy in Sent → failed; escalated.
-	w.waitItem(t, id, "escalated", "failed")
-	if got := w.actions(t, id); got != "draft_reply,send_reply,verify_reply_sent,escalate_item" {
-		t.Fatalf("actions %s", got)
-	}
-	w.smtp.start()
-	restarted = true
-	w.idle(t)
+	w.approveWithSMTPDown(t, id)
 	if n := len(w.smtp.to(sam)); n != 0 {
 		t.Fatalf("%d messages to the customer, want none: the reply was never accepted and is never resent", n)
 	}
@@ -1030,7 +1011,22 @@ func (w *world) sameTextTwice(t *testing.T) {
 	w.waitItem(t, first, "closed", "succeeded")
 	w.idle(t)
 	w.deliverFrom(t, lou, second, "Quote for a second pond", "And one more pond, please.")
-	ap = w.pendingApproval(t, second)
+	w.approveWithSMTPDown(t, second)
+	got := w.smtp.to(lou)
+	if len(got) != 1 {
+		t.Fatalf("%d messages to the customer, want 1: the second reply was never accepted", len(got))
+	}
+	if p := parse(t, got[0]); p.subject(t) != approvedSubject || normalize(p.Body) != approvedBody {
+		t.Fatalf("sent %q / %q, want the rule's reply", p.subject(t), p.Body)
+	}
+}
+
+// approveWithSMTPDown approves the item's pending draft while the SMTP
+// server is stopped: send_reply ends unknown, verify_reply_sent finds no
+// copy in Sent (failed), and the item is escalated. SMTP is back after.
+func (w *world) approveWithSMTPDown(t *testing.T, id string) {
+	t.Helper()
+	ap := w.pendingApproval(t, id)
 	eventually(t, time.Minute, "the reviewers' notification", func() bool {
 		return w.notifications(t, "/review/approvals/"+ap.ID) == 1
 	})
@@ -1042,17 +1038,13 @@ func (w *world) sameTextTwice(t *testing.T) {
 		}
 	})
 	w.decide(t, ap.ID, "approve", map[string]string{"by": "alice"})
-	w.waitItem(t, second, "escalated", "failed")
+	w.waitItem(t, id, "escalated", "failed")
+	if got := w.actions(t, id); got != "draft_reply,send_reply,verify_reply_sent,escalate_item" {
+		t.Fatalf("actions %s", got)
+	}
 	w.smtp.start()
 	restarted = true
 	w.idle(t)
-	got := w.smtp.to(lou)
-	if len(got) != 1 {
-		t.Fatalf("%d messages to the customer, want 1: the second reply was never accepted", len(got))
-	}
-	if p := parse(t, got[0]); p.subject(t) != approvedSubject || normalize(p.Body) != approvedBody {
-		t.Fatalf("sent %q / %q, want the rule's reply", p.subject(t), p.Body)
-	}
 }
 
 func (w *world) answerLost(t *testing.T) {
