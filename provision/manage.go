@@ -416,15 +416,22 @@ func (o *Ops) MigrateRegistry(ctx context.Context) (MigrateResult, error) {
 // MigrateTenantOn brings a tenant's database on cluster cl to the current
 // schema as its owner, and re-applies its database's and app role's grants.
 func (o *Ops) MigrateTenantOn(ctx context.Context, id registry.TenantID, cl Cluster) (MigrateResult, error) {
-	var res MigrateResult
 	t, err := o.Tenant(ctx, id)
 	if err != nil {
-		return res, err // it names the tenant
+		return MigrateResult{}, err // it names the tenant
 	}
 	c, err := o.clusterOf(t, cl)
 	if err != nil {
-		return res, err
+		return MigrateResult{}, err
 	}
+	return migrateTenant(ctx, t, c)
+}
+
+// migrateTenant is MigrateTenantOn for a registry row already read and its
+// cluster already checked.
+func migrateTenant(ctx context.Context, t registry.Tenant, c *cluster) (MigrateResult, error) {
+	var res MigrateResult
+	id := t.ID
 	admin, err := c.connect(ctx, "")
 	if err != nil {
 		return res, fmt.Errorf("migrate tenant %s: %w", id, err)

@@ -309,7 +309,8 @@ func (o *Ops) RepairTenantRoleOn(ctx context.Context, id registry.TenantID, cl C
 	if err := ensureLoginRole(ctx, admin, t.DB.User, pwClause, appConnLimit); err != nil {
 		return fmt.Errorf("repair tenant %s: %w", id, err)
 	}
-	_, err = o.MigrateTenantOn(ctx, id, cl)
+	// The row and cluster just read and checked: no second registry read.
+	_, err = migrateTenant(ctx, t, c)
 	return err
 }
 
