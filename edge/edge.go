@@ -377,7 +377,7 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 
 	srv := &http.Server{
 		Handler: newHandler(deps{
-			brain:     refusalAware{brainClient: rl, refused: watch.Refused},
+			brain:     refusalAware{brainClient: rl, settled: watch.Settled},
 			token:     cfg.Token,
 			connected: func() bool { return nc.Status() == nats.CONNECTED },
 			natsErr:   watch.Err,

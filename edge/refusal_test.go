@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,50 +18,25 @@ import (
 	"n8nbrain/wire"
 )
 
-// A revoked edge: while the server refuses its credential, n8n gets a 403
-// it will not retry and the probes fail; once nats.go gives up, Serve
-// returns an error (the command exits 1) instead of living on answering
-// 503; an edge restarted with a valid credential works.
+// A revoked edge: while the server refuses its credential the probes fail;
+// once nats.go gives up, a turn gets a 403 that n8n will not retry, and
+// Serve returns an error (the command exits 1) instead of living on
+// answering 503; an edge restarted with a valid credential works.
 func TestRevokedCredentialStopsTheEdge(t *testing.T) {
 	t.Parallel()
 	n := startNATS(t, true)
 	startFakeBrain(t, n, decide)
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	logs := newLockedBuffer()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- Serve(ctx, ln, Config{TenantID: "client-zero", NATSURL: n.srv.ClientURL(), CredsFile: n.edgeCreds, Token: testToken,
-			TurnWait: 5 * time.Second, PublishTimeout: 2 * time.Second},
-			slog.New(slog.NewJSONHandler(io.MultiWriter(logs, t.Output()), nil)))
-	}()
-	e := &testEdge{url: "http://" + ln.Addr().String(), client: &http.Client{Timeout: 30 * time.Second}, logs: logs}
+	e, done := serveWithLogs(t, n)
 	if r := e.submit(t, turnBody("wi-before", "hello")); r.status != http.StatusOK {
 		t.Fatalf("before the revocation: %d %s", r.status, r.body)
 	}
+	revokeEdgeUser(t, n, edgeUser(t, n))
 
-	creds, err := os.ReadFile(n.edgeCreds)
-	must(t, err)
-	user, err := account.CredsUser(creds)
-	must(t, err)
-	revoked, err := n.op.RevokeUser(n.tenant, user, time.Now())
-	must(t, err)
-	must(t, n.srv.PutAccount(revoked.Public, revoked.JWT))
-
-	// The server kicks the user at once; nats.go tries again twice,
-	// ReconnectWait (2s) apart, before it closes the connection: the
-	// checks below run in that window, started by the log line.
-	logs.waitFor(t, "nats: authentication revoked")
-	r := e.submit(t, turnBody("wi-after", "hello again"))
-	if r.status != http.StatusForbidden || r.header.Get("Retry-After") != "" {
-		t.Fatalf("turn while revoked: %d (Retry-After %q) %s; want 403 without Retry-After", r.status, r.header.Get("Retry-After"), r.body)
-	}
-	if we := r.wireError(t); we.Code != wire.CodeForbidden || we.Reason != wire.ReasonCredentialRefused || !strings.Contains(we.Message, "new credentials") {
-		t.Errorf("turn while revoked: %+v", we)
-	}
+	// The server kicks the user at once; nats.go tries again at once, then
+	// once more a ReconnectWait (2s) later, before it closes the
+	// connection: the probes run in that window, started by the log line.
+	e.logs.waitFor(t, "nats: authentication revoked")
 	for _, path := range []string{"/healthz", "/readyz"} {
 		r := e.do(t, http.MethodGet, path, nil, map[string]string{"Authorization": ""})
 		if r.status != http.StatusServiceUnavailable {
@@ -70,6 +44,15 @@ func TestRevokedCredentialStopsTheEdge(t *testing.T) {
 		} else if we := r.wireError(t); we.Reason != wire.ReasonCredentialRefused {
 			t.Errorf("%s while revoked: %+v, want reason %s", path, we, wire.ReasonCredentialRefused)
 		}
+	}
+	// A turn in that window waits for nats.go to give up (the refusal might
+	// have been a rotation's), then is refused for good.
+	r := e.submit(t, turnBody("wi-after", "hello again"))
+	if r.status != http.StatusForbidden || r.header.Get("Retry-After") != "" {
+		t.Fatalf("turn while revoked: %d (Retry-After %q) %s; want 403 without Retry-After", r.status, r.header.Get("Retry-After"), r.body)
+	}
+	if we := r.wireError(t); we.Code != wire.CodeForbidden || we.Reason != wire.ReasonCredentialRefused || !strings.Contains(we.Message, "new credentials") {
+		t.Errorf("turn while revoked: %+v", we)
 	}
 
 	select {
@@ -85,12 +68,117 @@ func TestRevokedCredentialStopsTheEdge(t *testing.T) {
 	}
 
 	// Restarted with a new user of the same account: it works again.
-	fresh := writeCreds(t, filepath.Dir(n.edgeCreds), revoked, "edge-new", account.RoleEdge)
-	e2 := startEdge(t, n, func(c *Config) { c.CredsFile = fresh })
+	rotateEdgeCreds(t, n, "edge-new")
+	e2 := startEdge(t, n, nil)
 	if r := e2.submit(t, turnBody("wi-restarted", "hello once more")); r.status != http.StatusOK {
 		t.Fatalf("restarted edge with valid credentials: %d %s", r.status, r.body)
 	}
 	if r := e2.do(t, http.MethodGet, "/healthz", nil, nil); r.status != http.StatusOK {
 		t.Errorf("restarted edge healthz: %d %s", r.status, r.body)
+	}
+}
+
+// serveWithLogs runs Serve on the test NATS with a log buffer, and returns
+// the edge and the channel Serve's result arrives on.
+func serveWithLogs(t *testing.T, n *testNATS) (*testEdge, <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	logs := newLockedBuffer()
+	ctx, cancel := context.WithCancel(context.Background())
+	done, stopped := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		done <- Serve(ctx, ln, Config{TenantID: "client-zero", NATSURL: n.srv.ClientURL(), CredsFile: n.edgeCreds, Token: testToken,
+			TurnWait: 5 * time.Second, PublishTimeout: 2 * time.Second},
+			slog.New(slog.NewJSONHandler(io.MultiWriter(logs, t.Output()), nil)))
+	}()
+	t.Cleanup(func() { cancel(); <-stopped })
+	return &testEdge{url: "http://" + ln.Addr().String(), client: &http.Client{Timeout: 30 * time.Second}, logs: logs}, done
+}
+
+// edgeUser is the public key of the user in the edge's .creds file.
+func edgeUser(t *testing.T, n *testNATS) string {
+	t.Helper()
+	creds, err := os.ReadFile(n.edgeCreds)
+	must(t, err)
+	user, err := account.CredsUser(creds)
+	must(t, err)
+	return user
+}
+
+// revokeEdgeUser revokes a user of the edge's account.
+func revokeEdgeUser(t *testing.T, n *testNATS, user string) {
+	t.Helper()
+	revoked, err := n.op.RevokeUser(n.tenant, user, time.Now())
+	must(t, err)
+	must(t, n.srv.PutAccount(revoked.Public, revoked.JWT))
+	n.tenant = revoked
+}
+
+// rotateEdgeCreds puts a new user's .creds in place of the edge's file, as
+// deploy/README.md section 7 does (install writes a new file over it).
+func rotateEdgeCreds(t *testing.T, n *testNATS, user string) {
+	t.Helper()
+	fresh := writeCreds(t, t.TempDir(), n.tenant, user, account.RoleEdge)
+	must(t, os.Rename(fresh, n.edgeCreds))
+}
+
+// The runbook's rotation: the new user's .creds in place, then the old user
+// revoked. The server kicks the edge, which comes back at once as the new
+// user, not a ReconnectWait (2s) later: a turn sent then is answered.
+func TestRotatedCredentialReconnectsAtOnce(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, true)
+	startFakeBrain(t, n, decide)
+	e, done := serveWithLogs(t, n)
+	if r := e.submit(t, turnBody("wi-before", "hello")); r.status != http.StatusOK {
+		t.Fatalf("before the rotation: %d %s", r.status, r.body)
+	}
+	old := edgeUser(t, n)
+	rotateEdgeCreds(t, n, "edge-2")
+	kicked := time.Now()
+	revokeEdgeUser(t, n, old)
+	e.logs.waitFor(t, "nats: authentication revoked")
+	e.logs.waitFor(t, "nats reconnected")
+	if d := time.Since(kicked); d >= time.Second {
+		t.Errorf("the edge came back %v after the revocation; want at once, well under nats.go's 2s ReconnectWait", d)
+	}
+	if r := e.submit(t, turnBody("wi-after", "hello again")); r.status != http.StatusOK {
+		t.Fatalf("after the rotation: %d %s", r.status, r.body)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Serve stopped after a rotation: %v", err)
+	default:
+	}
+}
+
+// The old user revoked before the new .creds is in place: the edge's first
+// reconnect is refused, and a turn sent then waits for the next one, which
+// reads the file again and is accepted as the new user, instead of being
+// answered 403 credential_refused while the refusal is not final.
+func TestTurnWaitsForARefusalToSettle(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, true)
+	startFakeBrain(t, n, decide)
+	e, done := serveWithLogs(t, n)
+	if r := e.submit(t, turnBody("wi-before", "hello")); r.status != http.StatusOK {
+		t.Fatalf("before the revocation: %d %s", r.status, r.body)
+	}
+	revokeEdgeUser(t, n, edgeUser(t, n))
+	e.logs.waitFor(t, "nats: authentication revoked")
+	e.logs.waitFor(t, "nats: authorization violation") // the first reconnect, refused
+	rotateEdgeCreds(t, n, "edge-2")
+	if r := e.submit(t, turnBody("wi-during", "hello again")); r.status != http.StatusOK {
+		t.Fatalf("turn sent while the refusal could still end in a reconnect: %d %s; want it to wait and be answered", r.status, r.body)
+	}
+	if !strings.Contains(e.logs.String(), "nats reconnected") {
+		t.Error("the turn was answered but the log shows no reconnect")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Serve stopped though its credential file was rotated in time: %v", err)
+	default:
 	}
 }

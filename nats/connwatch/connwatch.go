@@ -11,15 +11,25 @@
 // the connection (a maximum payload or control line violation, an unknown
 // protocol error). A revoked user sees "user authentication revoked" when the
 // server kicks it, then "authorization violation" on each reconnect: the
-// connection closes after the second reconnect attempt, about two
-// ReconnectWaits (2s each by default) after the revocation.
+// connection closes after the second reconnect attempt, about one
+// ReconnectWait (2s by default) after the revocation: the first attempt
+// after a disconnect is made at once (see Options).
+//
+// A rotation (deploy/README.md, section 7) puts a second user's .creds in
+// place of the file, then revokes the old user: the server kicks the
+// connection and the first reconnect, which reads the file again, is
+// accepted as the new user. A refusal is final only when nats.go closes the
+// connection; Settled waits for that or for the reconnect.
 package connwatch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -30,13 +40,26 @@ type Watch struct {
 	closed chan struct{}
 
 	mu        sync.Mutex
-	refused   error // the server's last refusal of the credential since the last (re)connect
-	closedErr error // the connection's last error when it closed
+	refused   error         // the server's last refusal of the credential since the last (re)connect
+	back      chan struct{} // closed at the reconnect that ends the refusal; nil while none
+	closedErr error         // the connection's last error when it closed
 }
 
 // New returns a watch that logs to log.
 func New(log *slog.Logger) *Watch {
 	return &Watch{log: log, closed: make(chan struct{})}
+}
+
+// reconnectDelay is the wait before a reconnect attempt: none before the
+// first after a disconnect, so a user kicked by its revocation comes back
+// at once with the rotated credential (the wait before it would answer
+// every request of that window with a refusal); nats.go's default wait and
+// jitter before the others, so a server that is down is not hammered.
+func reconnectDelay(attempt int) time.Duration {
+	if attempt <= 1 {
+		return 0
+	}
+	return nats.DefaultReconnectWait + rand.N(nats.DefaultReconnectJitter)
 }
 
 // Options are the connection's reconnect policy and handlers: unlimited
@@ -47,6 +70,7 @@ func New(log *slog.Logger) *Watch {
 func (w *Watch) Options() []nats.Option {
 	return []nats.Option{
 		nats.MaxReconnects(-1),
+		nats.CustomReconnectDelay(reconnectDelay),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil is the process's own close or drain
 				w.log.Warn("nats disconnected", "error", err)
@@ -55,6 +79,10 @@ func (w *Watch) Options() []nats.Option {
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			w.mu.Lock()
 			w.refused = nil
+			if w.back != nil {
+				close(w.back)
+				w.back = nil
+			}
 			w.mu.Unlock()
 			w.log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
 		}),
@@ -62,6 +90,9 @@ func (w *Watch) Options() []nats.Option {
 			if IsRefusal(err) {
 				w.mu.Lock()
 				w.refused = err
+				if w.back == nil {
+					w.back = make(chan struct{})
+				}
 				w.mu.Unlock()
 				w.log.Error("nats refused this process's credential; it will stop unless the server accepts it on the next reconnect",
 					"error", err)
@@ -86,7 +117,8 @@ func (w *Watch) Options() []nats.Option {
 
 // IsRefusal reports whether err is the server refusing the credential:
 // authorization violation, user or account authentication expired, user
-// authentication revoked. None of them is transient.
+// authentication revoked. None of them mends by itself: only a credential
+// file rewritten before the next reconnect does.
 func IsRefusal(err error) bool {
 	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
 		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
@@ -101,6 +133,27 @@ func (w *Watch) Refused() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.refused
+}
+
+// Settled waits while the server refuses the credential and nats.go is
+// still trying again. It returns nil at once when there is no refusal, or
+// once the connection is back (a rotated credential); the closed-for-good
+// error once nats.go gives up; the refusal if ctx ends first.
+func (w *Watch) Settled(ctx context.Context) error {
+	w.mu.Lock()
+	refused, back := w.refused, w.back
+	w.mu.Unlock()
+	if refused == nil {
+		return nil
+	}
+	select {
+	case <-back:
+		return w.Refused()
+	case <-w.closed:
+		return w.ClosedError()
+	case <-ctx.Done():
+		return w.Refused()
+	}
 }
 
 // Err says what is wrong with the connection for a health check: closed
