@@ -21,20 +21,17 @@ import (
 // waiting call goes on as the new user instead of failing.
 type refusalAware struct {
 	brainClient
-	// settled waits while the server's refusal may still end in a
-	// reconnect, and returns the refusal that stands, or nil.
-	settled func(context.Context) error
+	// settled waits, at most its second argument, while the server's
+	// refusal may still end in a reconnect, and returns the refusal that
+	// stands, or nil.
+	settled func(context.Context, time.Duration) error
 }
 
 // refusalWait bounds the wait for a refusal to settle: nats.go settles it
 // in about one ReconnectWait (2s).
 const refusalWait = 10 * time.Second
 
-func (c refusalAware) refused(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, refusalWait)
-	defer cancel()
-	return c.settled(ctx)
-}
+func (c refusalAware) refused(ctx context.Context) error { return c.settled(ctx, refusalWait) }
 
 func (c refusalAware) Submit(ctx context.Context, key string, payload []byte, fp string) (turnOutcome, error) {
 	if err := c.refused(ctx); err != nil {

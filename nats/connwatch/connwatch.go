@@ -135,25 +135,29 @@ func (w *Watch) Refused() error {
 	return w.refused
 }
 
-// Settled waits while the server refuses the credential and nats.go is
-// still trying again. It returns nil at once when there is no refusal, or
-// once the connection is back (a rotated credential); the closed-for-good
-// error once nats.go gives up; the refusal if ctx ends first.
-func (w *Watch) Settled(ctx context.Context) error {
+// Settled waits, at most limit, while the server refuses the credential and
+// nats.go is still trying again. It returns nil at once when there is no
+// refusal (without a timer: it is on every request's path), or once the
+// connection is back (a rotated credential); the closed-for-good error once
+// nats.go gives up; the refusal if ctx ends or limit passes first.
+func (w *Watch) Settled(ctx context.Context, limit time.Duration) error {
 	w.mu.Lock()
 	refused, back := w.refused, w.back
 	w.mu.Unlock()
 	if refused == nil {
 		return nil
 	}
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
 	select {
 	case <-back:
 		return w.Refused()
 	case <-w.closed:
 		return w.ClosedError()
 	case <-ctx.Done():
-		return w.Refused()
+	case <-timer.C:
 	}
+	return w.Refused()
 }
 
 // Err says what is wrong with the connection for a health check: closed
