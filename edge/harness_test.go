@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -276,7 +277,13 @@ type testEdge struct {
 	client *http.Client
 	logs   *lockedBuffer
 	// stop ends Serve and waits for it to return nil; cleanup calls it too.
+	// An error Serve returned by itself is the test's to check with ended;
+	// stop reports it when the test did not.
 	stop func()
+	// exited is closed when Serve has returned, with serveErr.
+	exited   chan struct{}
+	serveErr error
+	observed atomic.Bool // ended saw Serve's return
 }
 
 func startEdge(t *testing.T, n *testNATS, edit func(*Config)) *testEdge {
@@ -297,27 +304,51 @@ func startEdge(t *testing.T, n *testNATS, edit func(*Config)) *testEdge {
 	logs := newLockedBuffer()
 	logger := slog.New(slog.NewJSONHandler(io.MultiWriter(logs, t.Output()), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, ln, cfg, logger) }()
+	e := &testEdge{url: "http://" + ln.Addr().String(), client: &http.Client{Timeout: 30 * time.Second}, logs: logs,
+		exited: make(chan struct{})}
+	go func() {
+		e.serveErr = Serve(ctx, ln, cfg, logger)
+		close(e.exited)
+	}()
 	var once sync.Once
-	stop := func() {
+	e.stop = func() {
 		once.Do(func() {
+			select {
+			case <-e.exited:
+				cancel()
+				if e.serveErr != nil && !e.observed.Load() {
+					t.Errorf("Serve returned %v before its context ended", e.serveErr)
+				}
+				return
+			default:
+			}
 			cancel()
 			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Serve returned %v after its context ended, want nil", err)
+			case <-e.exited:
+				if e.serveErr != nil {
+					t.Errorf("Serve returned %v after its context ended, want nil", e.serveErr)
 				}
 			case <-time.After(30 * time.Second):
 				t.Errorf("Serve did not return after its context ended")
 			}
 		})
 	}
-	t.Cleanup(stop)
-	e := &testEdge{url: "http://" + ln.Addr().String(), client: &http.Client{Timeout: 30 * time.Second}, logs: logs, stop: stop}
+	t.Cleanup(e.stop)
 	// The listener queues connections until Serve accepts; readiness is
 	// checked by the first request, which waits for it.
 	return e
+}
+
+// ended waits up to d for Serve to return by itself, and returns its error;
+// ok is false if it is still running.
+func (e *testEdge) ended(d time.Duration) (err error, ok bool) {
+	select {
+	case <-e.exited:
+		e.observed.Store(true)
+		return e.serveErr, true
+	case <-time.After(d):
+		return nil, false
+	}
 }
 
 type response struct {

@@ -1,11 +1,7 @@
 package edge
 
 import (
-	"context"
 	"errors"
-	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -24,13 +20,7 @@ import (
 // answering 503; an edge restarted with a valid credential works.
 func TestRevokedCredentialStopsTheEdge(t *testing.T) {
 	t.Parallel()
-	n := startNATS(t, true)
-	startFakeBrain(t, n, decide)
-
-	e, done := serveWithLogs(t, n)
-	if r := e.submit(t, turnBody("wi-before", "hello")); r.status != http.StatusOK {
-		t.Fatalf("before the revocation: %d %s", r.status, r.body)
-	}
+	n, e := answeringEdge(t)
 	revokeEdgeUser(t, n, edgeUser(t, n))
 
 	// The server kicks the user at once; nats.go tries again at once, then
@@ -55,13 +45,10 @@ func TestRevokedCredentialStopsTheEdge(t *testing.T) {
 		t.Errorf("turn while revoked: %+v", we)
 	}
 
-	select {
-	case err := <-done:
-		if err == nil || !errors.Is(err, nats.ErrAuthorization) || !strings.Contains(err.Error(), "closed for good") {
-			t.Fatalf("Serve returned %v; want the connection closed for good with the authorization error", err)
-		}
-	case <-time.After(30 * time.Second):
+	if err, ended := e.ended(30 * time.Second); !ended {
 		t.Fatal("Serve still running 30s after its credential was revoked: a zombie")
+	} else if err == nil || !errors.Is(err, nats.ErrAuthorization) || !strings.Contains(err.Error(), "closed for good") {
+		t.Fatalf("Serve returned %v; want the connection closed for good with the authorization error", err)
 	}
 	if _, err := http.Get(e.url + "/healthz"); err == nil {
 		t.Error("the edge still answers after Serve returned")
@@ -78,23 +65,28 @@ func TestRevokedCredentialStopsTheEdge(t *testing.T) {
 	}
 }
 
-// serveWithLogs runs Serve on the test NATS with a log buffer, and returns
-// the edge and the channel Serve's result arrives on.
-func serveWithLogs(t *testing.T, n *testNATS) (*testEdge, <-chan error) {
+// answeringEdge starts the test NATS, a brain and an edge, and checks that
+// the edge answers a turn.
+func answeringEdge(t *testing.T) (*testNATS, *testEdge) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	logs := newLockedBuffer()
-	ctx, cancel := context.WithCancel(context.Background())
-	done, stopped := make(chan error, 1), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		done <- Serve(ctx, ln, Config{TenantID: "client-zero", NATSURL: n.srv.ClientURL(), CredsFile: n.edgeCreds, Token: testToken,
-			TurnWait: 5 * time.Second, PublishTimeout: 2 * time.Second},
-			slog.New(slog.NewJSONHandler(io.MultiWriter(logs, t.Output()), nil)))
-	}()
-	t.Cleanup(func() { cancel(); <-stopped })
-	return &testEdge{url: "http://" + ln.Addr().String(), client: &http.Client{Timeout: 30 * time.Second}, logs: logs}, done
+	n := startNATS(t, true)
+	startFakeBrain(t, n, decide)
+	e := startEdge(t, n, nil)
+	if r := e.submit(t, turnBody("wi-before", "hello")); r.status != http.StatusOK {
+		t.Fatalf("before the credential changed: %d %s", r.status, r.body)
+	}
+	return n, e
+}
+
+// stillServing fails t if Serve has returned.
+func (e *testEdge) stillServing(t *testing.T, why string) {
+	t.Helper()
+	select {
+	case <-e.exited:
+		e.observed.Store(true)
+		t.Fatalf("Serve stopped %s: %v", why, e.serveErr)
+	default:
+	}
 }
 
 // edgeUser is the public key of the user in the edge's .creds file.
@@ -129,12 +121,7 @@ func rotateEdgeCreds(t *testing.T, n *testNATS, user string) {
 // user, not a ReconnectWait (2s) later: a turn sent then is answered.
 func TestRotatedCredentialReconnectsAtOnce(t *testing.T) {
 	t.Parallel()
-	n := startNATS(t, true)
-	startFakeBrain(t, n, decide)
-	e, done := serveWithLogs(t, n)
-	if r := e.submit(t, turnBody("wi-before", "hello")); r.status != http.StatusOK {
-		t.Fatalf("before the rotation: %d %s", r.status, r.body)
-	}
+	n, e := answeringEdge(t)
 	old := edgeUser(t, n)
 	rotateEdgeCreds(t, n, "edge-2")
 	kicked := time.Now()
@@ -147,11 +134,7 @@ func TestRotatedCredentialReconnectsAtOnce(t *testing.T) {
 	if r := e.submit(t, turnBody("wi-after", "hello again")); r.status != http.StatusOK {
 		t.Fatalf("after the rotation: %d %s", r.status, r.body)
 	}
-	select {
-	case err := <-done:
-		t.Fatalf("Serve stopped after a rotation: %v", err)
-	default:
-	}
+	e.stillServing(t, "after a rotation")
 }
 
 // The old user revoked before the new .creds is in place: the edge's first
@@ -160,12 +143,7 @@ func TestRotatedCredentialReconnectsAtOnce(t *testing.T) {
 // answered 403 credential_refused while the refusal is not final.
 func TestTurnWaitsForARefusalToSettle(t *testing.T) {
 	t.Parallel()
-	n := startNATS(t, true)
-	startFakeBrain(t, n, decide)
-	e, done := serveWithLogs(t, n)
-	if r := e.submit(t, turnBody("wi-before", "hello")); r.status != http.StatusOK {
-		t.Fatalf("before the revocation: %d %s", r.status, r.body)
-	}
+	n, e := answeringEdge(t)
 	revokeEdgeUser(t, n, edgeUser(t, n))
 	e.logs.waitFor(t, "nats: authentication revoked")
 	e.logs.waitFor(t, "nats: authorization violation") // the first reconnect, refused
@@ -176,9 +154,5 @@ func TestTurnWaitsForARefusalToSettle(t *testing.T) {
 	if !strings.Contains(e.logs.String(), "nats reconnected") {
 		t.Error("the turn was answered but the log shows no reconnect")
 	}
-	select {
-	case err := <-done:
-		t.Fatalf("Serve stopped though its credential file was rotated in time: %v", err)
-	default:
-	}
+	e.stillServing(t, "though its credential file was rotated in time")
 }
