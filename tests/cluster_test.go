@@ -203,6 +203,11 @@ func TestClusterNodeDiesUnderLoad(t *testing.T) {
 	stopR2()
 	decided := sumMetric(t, r1, "brain_turns_total", `outcome="decided"`)
 	ea.submit(quoteEmail("<cluster-r1-alone@customer.example>")).reply(t)
+	// The replica counts a turn after its reply is stored, so the edge's 200
+	// can come first: wait for the count, then check it is exactly one.
+	eventually(t, 5*time.Second, "brain r1 to count the turn it decided alone", func() bool {
+		return sumMetric(t, r1, "brain_turns_total", `outcome="decided"`) > decided
+	})
 	if got := sumMetric(t, r1, "brain_turns_total", `outcome="decided"`); got != decided+1 {
 		t.Fatalf("brain r1 decided %v turns after r2 stopped, want 1", got-decided)
 	}
