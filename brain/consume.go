@@ -338,22 +338,58 @@ func (b *brain) consumeDue(ctx context.Context) {
 		}
 	}
 	slots := make(chan struct{}, dueWorkers)
-	var wg sync.WaitGroup
+	var workers gate
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		slots <- struct{}{}
-		wg.Go(func() {
+		ok := workers.Go(func() {
 			defer func() { <-slots }()
 			b.handleDue(ctx, m)
 		})
+		if !ok { // stopping: back to JetStream, for another replica
+			<-slots
+			_ = m.Nak()
+		}
 	}, jetstream.PullMaxMessages(dueWorkers), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
 	if err != nil {
 		b.log.Error("consume the timer stream", "error", err)
 		return
 	}
 	<-ctx.Done()
+	workers.Close()
 	cc.Stop()
-	wg.Wait()
+	workers.Wait()
 }
+
+// gate runs functions on goroutines until it is closed. A consumer's Stop
+// does not wait for a delivery already under way, so its callback can still
+// run while the workers are waited for; a WaitGroup must not be added to
+// then, and the gate refuses instead.
+type gate struct {
+	mu     sync.Mutex
+	wg     sync.WaitGroup
+	closed bool
+}
+
+// Go runs f on a goroutine, or reports false once the gate is closed.
+func (g *gate) Go(f func()) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.wg.Go(f)
+	return true
+}
+
+// Close refuses every later Go.
+func (g *gate) Close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}
+
+// Wait returns once every function Go started has returned.
+func (g *gate) Wait() { g.wg.Wait() }
 
 // dueWorkers bounds the timers handled at once on a replica.
 const dueWorkers = 4
