@@ -369,13 +369,33 @@ func ApprovalNextExpiry(ctx context.Context, q DBTX) (next time.Time, ok bool, e
 }
 
 // OutboxMarkDelivered records that n8n accepted an event. It reports
-// whether the event exists; marking twice is harmless.
+// whether the event exists; marking twice is harmless and writes nothing.
+//
+// The mark is one transaction of its own (q is a pool, not a transaction
+// of the caller's) committed without waiting for its WAL flush
+// (synchronous_commit off for this transaction only). A mark lost to a
+// crash of the database means one more delivery of an event n8n already
+// has, under the same Idempotency-Key: the at-least-once contract events
+// have anyway (an ack lost on the way). Nothing else is at stake, and every
+// delivered event no longer costs a flush of its own.
 func OutboxMarkDelivered(ctx context.Context, q DBTX, id string) (bool, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return false, nil
 	}
-	tag, err := q.Exec(ctx, `UPDATE outbox SET delivered_at = COALESCE(delivered_at, now()) WHERE id = $1`, id)
-	return tag.RowsAffected() == 1, translate(err, "mark event delivered")
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+	b.Queue(`WITH marked AS (UPDATE outbox SET delivered_at = now() WHERE id = $1 AND delivered_at IS NULL)
+		SELECT EXISTS (SELECT 1 FROM outbox WHERE id = $1)`, id)
+	br := q.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return false, translate(err, "mark event delivered")
+	}
+	var exists bool
+	if err := br.QueryRow().Scan(&exists); err != nil {
+		return false, translate(err, "mark event delivered")
+	}
+	return exists, translate(br.Close(), "mark event delivered")
 }
 
 // OutcomeReport counts outcomes and approval turnaround since a time.

@@ -148,7 +148,11 @@ func DecisionGetByTurn(ctx context.Context, q DBTX, workItemID string, turn int)
 
 // TurnWrite is everything one turn writes, in one transaction.
 type TurnWrite struct {
-	Item     WorkItem // the item's new state; Item.Turn is the decided turn
+	Item WorkItem // the item's new state; Item.Turn is the decided turn
+	// New: the item was not read and is taken not to exist (turn 1's first
+	// attempt). It is inserted, without the upsert's speculative insertion;
+	// an item that exists after all makes the commit ErrConflict.
+	New      bool
 	Decision Decision
 	// Extra statements in the same transaction (approval records, outbox rows).
 	Extra []Statement
@@ -207,22 +211,15 @@ func turnCommit(ctx context.Context, db interface {
 		}
 	}
 	b := &pgx.Batch{}
-	// Insert on the first turn; otherwise advance only from the previous
-	// turn (optimistic check): 0 rows means somebody else moved the item.
-	b.Queue(`INSERT INTO work_items AS w (id, turn, status, status_reason, needs_human, category, priority,
-			confidence, assessment_source, catalogue_version, approval_mode, email, last_action,
-			last_action_params, action_state, outcome, human_action, closed_at)
-		VALUES ($1, $2, $3, NULLIF($4, ''), $5, NULLIF($6, ''), NULLIF($7, ''), $8, NULLIF($9, ''), $10, $11, $12,
-			NULLIF($13, ''), $14, NULLIF($15, ''), NULLIF($16, ''), $17, $18)
-		ON CONFLICT (id) DO UPDATE SET turn = EXCLUDED.turn, status = EXCLUDED.status,
-			status_reason = EXCLUDED.status_reason, needs_human = EXCLUDED.needs_human,
-			category = EXCLUDED.category, priority = EXCLUDED.priority, confidence = EXCLUDED.confidence,
-			assessment_source = EXCLUDED.assessment_source, email = COALESCE(EXCLUDED.email, w.email),
-			last_action = EXCLUDED.last_action, last_action_params = EXCLUDED.last_action_params,
-			action_state = EXCLUDED.action_state, outcome = EXCLUDED.outcome,
-			human_action = COALESCE(EXCLUDED.human_action, w.human_action),
-			closed_at = EXCLUDED.closed_at, updated_at = now()
-		WHERE w.turn = EXCLUDED.turn - 1`,
+	// A new item is inserted: its primary key refuses a concurrent creator
+	// (ErrConflict). Otherwise insert on the first turn, or advance only from
+	// the previous turn (optimistic check): 0 rows means somebody else moved
+	// the item.
+	insert := workItemUpsert
+	if w.New {
+		insert = workItemInsert
+	}
+	b.Queue(insert,
 		it.ID, it.Turn, it.Status, it.StatusReason, it.NeedsHuman, it.Category, it.Priority,
 		it.Confidence, it.AssessmentSource, it.CatalogueVersion, it.ApprovalMode, email, string(it.LastAction),
 		nullJSON(it.LastActionParams), string(it.ActionState), it.Outcome, human, it.ClosedAt)
@@ -268,6 +265,26 @@ func turnCommit(ctx context.Context, db interface {
 	}
 	return nil
 }
+
+// The statements that write a turn's work item: insert a new one, or
+// insert or advance one (turnCommit).
+const (
+	workItemInsert = `INSERT INTO work_items AS w (id, turn, status, status_reason, needs_human, category, priority,
+			confidence, assessment_source, catalogue_version, approval_mode, email, last_action,
+			last_action_params, action_state, outcome, human_action, closed_at)
+		VALUES ($1, $2, $3, NULLIF($4, ''), $5, NULLIF($6, ''), NULLIF($7, ''), $8, NULLIF($9, ''), $10, $11, $12,
+			NULLIF($13, ''), $14, NULLIF($15, ''), NULLIF($16, ''), $17, $18)`
+	workItemUpsert = workItemInsert + `
+		ON CONFLICT (id) DO UPDATE SET turn = EXCLUDED.turn, status = EXCLUDED.status,
+			status_reason = EXCLUDED.status_reason, needs_human = EXCLUDED.needs_human,
+			category = EXCLUDED.category, priority = EXCLUDED.priority, confidence = EXCLUDED.confidence,
+			assessment_source = EXCLUDED.assessment_source, email = COALESCE(EXCLUDED.email, w.email),
+			last_action = EXCLUDED.last_action, last_action_params = EXCLUDED.last_action_params,
+			action_state = EXCLUDED.action_state, outcome = EXCLUDED.outcome,
+			human_action = COALESCE(EXCLUDED.human_action, w.human_action),
+			closed_at = EXCLUDED.closed_at, updated_at = now()
+		WHERE w.turn = EXCLUDED.turn - 1`
+)
 
 func nullJSON(b json.RawMessage) any {
 	if len(b) == 0 {

@@ -244,7 +244,7 @@ func (p *Processor) attempt(ctx context.Context, pool *pgxpool.Pool, t *registry
 		}
 	}
 	reply := envelope(req, in, out)
-	w := store.TurnWrite{Item: nextItem(in, item, out, req)}
+	w := store.TurnWrite{Item: nextItem(in, item, out, req), New: assumeNew}
 	if p.ext != nil {
 		if err := p.ext.Extend(ctx, t, &w, &out, &reply); err != nil {
 			return Answer{}, err

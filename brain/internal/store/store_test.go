@@ -1,0 +1,278 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"n8nbrain/brain/internal/engine"
+	"n8nbrain/internal/testdb"
+	"n8nbrain/migrations"
+	"n8nbrain/wire"
+)
+
+// tenantDB is a scratch database with the tenant schema through migration
+// version through (0: all), dropped at the end.
+func tenantDB(tb testing.TB, through int) *pgxpool.Pool {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, testdb.AdminURL(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := pgx.Identifier{"store_" + hex.EncodeToString(b)}.Sanitize()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		tb.Fatal(err)
+	}
+	cfg := admin.Config().Copy()
+	cfg.Database = strings.Trim(name, `"`)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := migrations.ApplyThrough(ctx, conn, migrations.Tenant, through); err != nil {
+		tb.Fatal(err)
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.ConnString())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pcfg.ConnConfig.Database = cfg.Database
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		pool.Close()
+		c, err := pgx.Connect(context.Background(), testdb.AdminURL(tb))
+		if err != nil {
+			tb.Error(err)
+			return
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			tb.Error(err)
+		}
+	})
+	return pool
+}
+
+// approvalTurn is what a turn 1 that proposes a draft reply writes, as the
+// brain writes it: the new work item, its decision, the pending approval
+// and the approval_requested event, sent at once.
+func approvalTurn(id string, isNew bool) TurnWrite {
+	const proposed = `{"body":"Hi Jo,\n\nThanks for your message. We would be glad to quote for a 20 m² hardwood deck. ` +
+		`Could you tell us the site's access and when you would like the work done?\n\nBest regards","subject":"Re: Quote for a new deck please","tone":"friendly"}`
+	email := &wire.Email{MessageID: id, From: "Jo Bloggs <jo@customer.example>", To: []string{"sales@tenant.example"},
+		Subject: "Quote for a new deck please", Body: strings.Repeat("Hi, could you quote for a 20m2 hardwood deck? ", 6)}
+	w := TurnWrite{
+		New: isNew,
+		Item: WorkItem{ID: id, Turn: 1, Status: wire.WorkItemStatusAwaitingApproval, Category: "quote_request",
+			Priority: "normal", Confidence: 0.95, AssessmentSource: "rule", CatalogueVersion: 1, ApprovalMode: "review_app",
+			Email: email, LastAction: "draft_reply", LastActionParams: []byte(proposed), ActionState: engine.ActionStatePending},
+		Decision: Decision{WorkItemID: id, Turn: 1, Fingerprint: strings.Repeat("f", 64), TurnSeq: 1,
+			TurnStoredAt: time.Now(), Status: wire.WorkItemStatusAwaitingApproval, Action: "draft_reply",
+			Reply: []byte(`{"work_item_id":"` + id + `","turn":1,"status":"awaiting_approval","next":{"action":"draft_reply","params":` +
+				proposed + `},"assessment":{"category":"quote_request","priority":"normal","confidence":0.95,"source":"rule","rule":"quotes"}}`)},
+	}
+	a := wire.Approval{ID: uuid.NewString(), WorkItemID: id, Turn: 1, Action: "draft_reply", CatalogueVersion: 1,
+		ApprovalMode: "review_app", Proof: "exact_text", Proposed: []byte(proposed), ProposedSHA256: strings.Repeat("a", 64),
+		Assessment: &wire.Assessment{Category: "quote_request", Priority: "normal", Confidence: 0.95, Source: "rule", Rule: "quotes"},
+		Sender:     email.From, Subject: email.Subject}
+	ev := wire.Event{EventID: uuid.NewString(), Kind: wire.EventApprovalRequested, WorkItemID: id, NextTurn: 2,
+		ApprovalID: a.ID, Action: a.Action, OccurredAt: time.Now()}
+	w.Extra = []Statement{ApprovalInsert(a, 72*time.Hour), OutboxInsertSent(ev, EventPayload(ev), 2*time.Second)}
+	return w
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, table string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestTurnCommitNewItemThatExistsConflicts: a turn 1 committed as new (its
+// item not read) when another replica created the item first is a
+// conflict, and writes nothing; so is the same turn through the upsert.
+func TestTurnCommitNewItemThatExistsConflicts(t *testing.T) {
+	ctx := context.Background()
+	pool := tenantDB(t, 0)
+	if err := TurnCommit(ctx, pool, approvalTurn("<a@x>", true)); err != nil {
+		t.Fatal(err)
+	}
+	for _, isNew := range []bool{true, false} {
+		ran := false
+		w := approvalTurn("<a@x>", isNew)
+		w.OnCommit(func(context.Context) { ran = true })
+		if err := TurnCommit(ctx, pool, w); !errors.Is(err, ErrConflict) {
+			t.Fatalf("new=%v: the turn again: %v, want ErrConflict", isNew, err)
+		}
+		if ran {
+			t.Errorf("new=%v: a conflicting commit ran its after-commit functions", isNew)
+		}
+	}
+	for _, table := range []string{"work_items", "decisions", "approvals", "outbox"} {
+		if n := count(t, pool, table); n != 1 {
+			t.Errorf("%d rows in %s, want the first commit's one", n, table)
+		}
+	}
+	// The item advances to turn 2 through the upsert.
+	w := approvalTurn("<a@x>", false)
+	w.Item.Turn, w.Decision.Turn, w.Extra = 2, 2, nil
+	w.Item.Status, w.Decision.Status = wire.WorkItemStatusOpen, wire.WorkItemStatusOpen
+	if err := TurnCommit(ctx, pool, w); err != nil {
+		t.Fatal(err)
+	}
+	it, err := WorkItemGet(ctx, pool, "<a@x>")
+	if err != nil || it.Turn != 2 || it.Status != wire.WorkItemStatusOpen {
+		t.Fatalf("after turn 2: %+v, %v", it, err)
+	}
+}
+
+// BenchmarkTurnCommit measures the commit of an approval-awaiting turn 1
+// (approvalTurn) against the floor, a single-row insert, on scratch tenant
+// databases of the schema before migration 0008 and of the current one,
+// interleaved round by round so the ratios come from one run:
+//
+//	go test -run '^$' -bench TurnCommit -benchtime 2000x ./brain/internal/store/
+func BenchmarkTurnCommit(b *testing.B) {
+	ctx := context.Background()
+	before, after := tenantDB(b, 7), tenantDB(b, 0)
+	for _, p := range []*pgxpool.Pool{before, after} {
+		if _, err := p.Exec(ctx, `CREATE TABLE floor (id uuid PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var seq int // a new work item each time
+	next := func(prefix string) string { seq++; return fmt.Sprintf("<%s-%d@bench>", prefix, seq) }
+	shapes := []struct {
+		name string
+		op   func() error
+	}{
+		{"floor", func() error {
+			_, err := after.Exec(ctx, `INSERT INTO floor (id) VALUES ($1)`, uuid.New())
+			return err
+		}},
+		{"schema7_upsert", func() error { return TurnCommit(ctx, before, approvalTurn(next("a"), false)) }},
+		{"schema8_upsert", func() error { return TurnCommit(ctx, after, approvalTurn(next("b"), false)) }},
+		{"schema8_insert", func() error { return TurnCommit(ctx, after, approvalTurn(next("c"), true)) }},
+		// Diagnostic: the same without its outbox row, what the event costs.
+		{"schema8_insert_no_event", func() error {
+			w := approvalTurn(next("d"), true)
+			w.Extra = w.Extra[:1]
+			return TurnCommit(ctx, after, w)
+		}},
+	}
+	const rounds = 5
+	p50 := make(map[string][]float64)
+	for r := range rounds {
+		for _, s := range shapes {
+			var last float64 // of the run with the full b.N
+			b.Run(fmt.Sprintf("round%d/%s", r+1, s.name), func(b *testing.B) {
+				for range 50 { // warm-up: connections, prepared statements
+					if err := s.op(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				lat := make([]float64, 0, b.N)
+				b.ResetTimer()
+				for range b.N {
+					t0 := time.Now()
+					if err := s.op(); err != nil {
+						b.Fatal(err)
+					}
+					lat = append(lat, float64(time.Since(t0).Microseconds()))
+				}
+				slices.Sort(lat)
+				last = lat[len(lat)/2]
+				b.ReportMetric(last, "p50_us")
+			})
+			p50[s.name] = append(p50[s.name], last)
+		}
+	}
+	median := func(name string) float64 {
+		v := slices.Clone(p50[name])
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	floor := median("floor")
+	for _, s := range shapes[1:] {
+		b.Logf("%s: median of the rounds' p50 %.0f µs = %.2f× the floor (%.0f µs); %.2f× schema7_upsert",
+			s.name, median(s.name), median(s.name)/floor, floor, median(s.name)/median("schema7_upsert"))
+	}
+}
+
+// TestOutboxMarkDelivered: an event is marked once, a second mark writes
+// nothing, an unknown id is reported, and the mark's asynchronous commit
+// stays within its own transaction.
+func TestOutboxMarkDelivered(t *testing.T) {
+	ctx := context.Background()
+	pool := tenantDB(t, 0)
+	w := approvalTurn("<m@x>", true)
+	if err := TurnCommit(ctx, pool, w); err != nil {
+		t.Fatal(err)
+	}
+	id := w.Extra[1].Args[0].(string)
+	xmin := func() (x string, at time.Time) {
+		if err := pool.QueryRow(ctx, `SELECT xmin::text, delivered_at FROM outbox WHERE id = $1`, id).Scan(&x, &at); err != nil {
+			t.Fatal(err)
+		}
+		return x, at
+	}
+	ok, err := OutboxMarkDelivered(ctx, pool, id)
+	if err != nil || !ok {
+		t.Fatalf("mark: %v %v", ok, err)
+	}
+	x1, at1 := xmin()
+	if ok, err := OutboxMarkDelivered(ctx, pool, id); err != nil || !ok {
+		t.Fatalf("mark again: %v %v", ok, err)
+	}
+	if x2, at2 := xmin(); x2 != x1 || !at2.Equal(at1) {
+		t.Errorf("the second mark rewrote the row: xmin %s → %s, delivered_at %v → %v", x1, x2, at1, at2)
+	}
+	if ok, err := OutboxMarkDelivered(ctx, pool, uuid.NewString()); err != nil || ok {
+		t.Errorf("an unknown event: %v %v, want false", ok, err)
+	}
+	// The setting holds for the rest of the batch, one implicit
+	// transaction, which commits with it; then no longer.
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+	b.Queue(`SHOW synchronous_commit`)
+	br := pool.SendBatch(ctx, b)
+	var v string
+	if _, err := br.Exec(); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.QueryRow().Scan(&v); err != nil || v != "off" {
+		t.Fatalf("synchronous_commit within the batch: %q %v, want off", v, err)
+	}
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Every connection of the pool still commits synchronously.
+	for range 8 {
+		var v string
+		if err := pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&v); err != nil || v != "on" {
+			t.Fatalf("synchronous_commit after a mark: %q %v", v, err)
+		}
+	}
+}
