@@ -20,6 +20,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -34,6 +35,7 @@ import (
 
 	"n8nbrain/brain"
 	"n8nbrain/deploy/devstack"
+	"n8nbrain/edge"
 	"n8nbrain/nats/account"
 	"n8nbrain/registry"
 	"n8nbrain/subjects"
@@ -61,6 +63,8 @@ type benchStack struct {
 	edge   *edgeClient
 	seq    atomic.Int64
 	run    string // distinguishes this stack's work items
+	// delivered counts the events the edge delivered to the webhook.
+	delivered atomic.Int64
 }
 
 // newBenchStack starts NATS, the registry and one tenant (the harness's
@@ -84,12 +88,33 @@ func newBenchStack(b *testing.B) *benchStack {
 }
 
 // start runs one brain replica (rules only: no model is configured) and the
-// tenant's edge.
-func (bs *benchStack) start() {
+// tenant's edge. Each turn's approval_requested event is published once, to
+// no one: the edge has no webhook, and its re-publication is due only after
+// the run, so that it does not load the machine the turns are measured on.
+// BenchmarkTurnEvents measures the turn with its event delivered.
+func (bs *benchStack) start(b *testing.B) {
 	bs.s.startBrain("bench-1", func(c *brain.Config) {
 		c.RegistryRefresh = 0 // the default (30s), not the harness's 1s
+		c.EventRetryBase, c.EventRetryMax = time.Hour, time.Hour
 	})
 	bs.edge = bs.s.startEdge(bs.tn, nil)
+}
+
+// startWithEvents is start with the edge delivering every event to a
+// webhook that accepts it, as n8n's does, and acknowledging it.
+func (bs *benchStack) startWithEvents(b *testing.B) {
+	bs.s.startBrain("bench-1", func(c *brain.Config) {
+		c.RegistryRefresh = 0
+	})
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		bs.delivered.Add(1)
+	}))
+	b.Cleanup(hook.Close)
+	bs.edge = bs.s.startEdge(bs.tn, func(c *edge.Config) {
+		c.WebhookURL = hook.URL
+		c.WebhookSecret = "bench-webhook-secret-0123456789"
+	})
 }
 
 // purgeTurns empties TURNS after the JetStream floor, so that no brain ever
@@ -429,7 +454,7 @@ func BenchmarkTurnBudget(b *testing.B) {
 		pg.report(b, "")
 	})
 	pool.Close()
-	bs.start()
+	bs.start(b)
 	b.Run("3_turn_nats", func(b *testing.B) {
 		natsTurn = measure(b, bs.natsTurn(b))
 		natsTurn.report(b, "")
@@ -462,6 +487,42 @@ func BenchmarkTurnBudget(b *testing.B) {
 	})
 }
 
+// BenchmarkTurnEvents is the HTTP turn, sequential then from 16 callers,
+// with each turn's approval_requested event delivered to a webhook (n8n's,
+// here in the benchmark's process) and acknowledged to the brain, which
+// marks it delivered: the whole of what an approval-awaiting turn costs a
+// deployment. It reports the events delivered per turn.
+func BenchmarkTurnEvents(b *testing.B) {
+	bs := newBenchStack(b)
+	bs.startWithEvents(b)
+	var turns atomic.Int64
+	ht := bs.httpTurn()
+	turn := func(ctx context.Context) (time.Duration, error) {
+		d, err := ht(ctx)
+		if err == nil {
+			turns.Add(1)
+		}
+		return d, err
+	}
+	b.Run("turn_http", func(b *testing.B) {
+		measure(b, turn).report(b, "")
+	})
+	b.Run(fmt.Sprintf("turn_http_parallel%d", benchConcurrency), func(b *testing.B) {
+		l, tps := measureParallel(b, turn)
+		l.report(b, "")
+		b.ReportMetric(tps, "turns/s")
+	})
+	// The last deliveries are still on their way.
+	deadline := time.Now().Add(10 * time.Second)
+	for bs.delivered.Load() < turns.Load() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := bs.delivered.Load(); n < turns.Load() {
+		b.Fatalf("%d events delivered for %d turns", n, turns.Load())
+	}
+	b.Logf("%d events delivered for %d turns", bs.delivered.Load(), turns.Load())
+}
+
 // BenchmarkFloorJetStream: one JetStream round trip through the account
 // imports (publish turn.<key>, wait for the PubAck), no brain running.
 func BenchmarkFloorJetStream(b *testing.B) {
@@ -479,7 +540,7 @@ func BenchmarkFloorPostgresCommit(b *testing.B) {
 // BenchmarkTurn: the full turn, HTTP in to HTTP out, one caller.
 func BenchmarkTurn(b *testing.B) {
 	bs := newBenchStack(b)
-	bs.start()
+	bs.start(b)
 	from := logLen(bs.s)
 	measure(b, bs.httpTurn()).report(b, "")
 	if br := brainDurations(bs.s, from); len(br) > 0 {
@@ -490,7 +551,7 @@ func BenchmarkTurn(b *testing.B) {
 // BenchmarkTurnParallel: the full turn from benchConcurrency callers at once.
 func BenchmarkTurnParallel(b *testing.B) {
 	bs := newBenchStack(b)
-	bs.start()
+	bs.start(b)
 	l, tps := measureParallel(b, bs.httpTurn())
 	l.report(b, "")
 	b.ReportMetric(tps, "turns/s")
@@ -499,7 +560,7 @@ func BenchmarkTurnParallel(b *testing.B) {
 // BenchmarkTurnReplay: the retry of an already decided turn.
 func BenchmarkTurnReplay(b *testing.B) {
 	bs := newBenchStack(b)
-	bs.start()
+	bs.start(b)
 	measure(b, bs.replayTurn(b)).report(b, "")
 }
 
@@ -523,7 +584,7 @@ func BenchmarkTurnStages(b *testing.B) {
 		measure(b, dbTurnShape(bs, pool, true)).report(b, "")
 	})
 	pool.Close()
-	bs.start()
+	bs.start(b)
 	b.Run("turn_http", func(b *testing.B) {
 		tp := newTap(b, bs.s, bs.tn.Account.Public)
 		type sample struct {
