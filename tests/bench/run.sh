@@ -44,9 +44,13 @@ fi
 } | tee "$OUT/machine.txt"
 
 echo
-GO_BENCH='^Benchmark(TurnBudget|Floor.*|Turn|TurnParallel|TurnReplay|TurnStages)$'
+GO_BENCH='^Benchmark(TurnBudget|TurnEvents|Floor.*|Turn|TurnParallel|TurnReplay|TurnStages)$'
 echo "== Go benchmarks: go test -run '^\$' -bench '$GO_BENCH' -benchtime ${N}x -count 1 ./tests/"
 go test -run '^$' -bench "$GO_BENCH" -benchtime "${N}x" -count 1 -timeout 30m ./tests/ | tee "$OUT/go.txt"
+echo
+echo "== The turn's commit alone against a single-row commit (BenchmarkTurnCommit, scratch tenant databases)"
+go test -run '^$' -bench '^BenchmarkTurnCommit$' -benchtime "${N}x" -count 1 -timeout 30m -v ./brain/internal/store/ |
+	grep -E '^(Benchmark|ok|FAIL)|×' | tee -a "$OUT/go.txt"
 echo
 echo "== Where a turn's CPU goes: brain, edge and load client as processes of their own (BenchmarkTurnCPU, N=$N)"
 for sync in 0 1; do
@@ -124,6 +128,11 @@ END {
 	printf "  %-44s %10.0f us\n", "replay of a decided turn p50", m[B "6_turn_replay", "p50_us"]
 	printf "  %-44s %10.0f\n", "turns/s, 1 caller", seqtps
 	printf "  %-44s %10.0f   (p50 %.0f us)\n", "turns/s, " C " callers", partps, parp50
+	E = "BenchmarkTurnEvents/turn_http"
+	if (m[E, "p50_us"] != "") {
+		printf "  %-44s %10.0f us\n", "with its event delivered and acked: p50", m[E, "p50_us"]
+		printf "  %-44s %10.0f   (%.2fx without)\n", "with its event: turns/s, " C " callers", m[E "_parallel" C, "turns/s"], m[E "_parallel" C, "turns/s"] / partps
+	}
 	S = "BenchmarkTurnStages/turn_http"
 	if (m[S, "p50_us"] != "") {
 		print ""
