@@ -76,12 +76,12 @@ func (b *brain) turnWorkers(ctx context.Context) (stop func()) {
 	return wg.Wait
 }
 
-// heartbeatQueued tells JetStream, every third of the shortest ack wait,
-// that turns waiting in this replica's queue are alive, so a short ack wait
+// heartbeatQueued tells JetStream, beatsPerAckWait times per shortest ack
+// wait, that turns waiting in this replica's queue are alive, so a short ack wait
 // (fast redelivery after a dead replica) never redelivers a turn that is
 // merely queued behind others.
 func (b *brain) heartbeatQueued(ctx context.Context) {
-	t := time.NewTicker(b.consumers.minAckWait() / 3)
+	t := time.NewTicker(b.consumers.minAckWait() / beatsPerAckWait)
 	defer t.Stop()
 	for {
 		select {
@@ -90,7 +90,7 @@ func (b *brain) heartbeatQueued(ctx context.Context) {
 		case <-t.C:
 		}
 		b.sched.Each(func(_ string, q queued) { _ = q.m.InProgress() })
-		t.Reset(b.consumers.minAckWait() / 3)
+		t.Reset(b.consumers.minAckWait() / beatsPerAckWait)
 	}
 }
 
@@ -279,11 +279,16 @@ func (b *brain) publishReply(ctx context.Context, account, key string, seq uint6
 	return err
 }
 
+// beatsPerAckWait is how many signs of life a turn sends per ack wait. Four
+// leave three quarters of the ack wait as slack for a timer that fires
+// late on a loaded machine, or a beat delayed on its way to the server.
+const beatsPerAckWait = 4
+
 // keepAlive tells JetStream the turn is still being worked on, so a long
 // model call is not mistaken for a dead replica. It returns a stop function.
 // A timer, not a goroutine: most turns end long before the first beat.
 func keepAlive(m jetstream.Msg, ackWait time.Duration) func() {
-	every := ackWait / 3
+	every := ackWait / beatsPerAckWait
 	var mu sync.Mutex
 	stopped := false
 	mu.Lock()

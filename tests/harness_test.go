@@ -59,12 +59,11 @@ func newSystemWith(t testing.TB, edit func(*devstack.Config)) *system {
 	logs := &logSink{}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	streams := stream.Config{AckWait: 2 * time.Second}
 	cfg := devstack.Config{
 		Dir:      t.TempDir(),
 		AdminURL: adminURL,
 		Prefix:   prefix,
-		Streams:  streams,
+		Streams:  stream.Config{AckWait: 2 * time.Second},
 		Logger:   slog.New(logs.handler()),
 	}
 	if edit != nil {
@@ -74,7 +73,7 @@ func newSystemWith(t testing.TB, edit func(*devstack.Config)) *system {
 	if err != nil {
 		t.Fatalf("start stack: %v", err)
 	}
-	s := &system{t: t, adminURL: adminURL, stack: st, logs: logs, streams: streams}
+	s := &system{t: t, adminURL: adminURL, stack: st, logs: logs, streams: cfg.Streams}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("system logs:\n%s", logs)

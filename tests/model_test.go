@@ -21,6 +21,7 @@ import (
 
 	"n8nbrain/brain"
 	"n8nbrain/catalogue"
+	"n8nbrain/deploy/devstack"
 	"n8nbrain/edge"
 	"n8nbrain/internal/ollamafake"
 	"n8nbrain/provision"
@@ -875,20 +876,22 @@ func TestRulesOnlyWithoutModel(t *testing.T) {
 	assertNoEmailInLogs(t, s, req.Email)
 }
 
-// A model call that outlasts the turn stream's ack wait (2 s in these
-// tests) several times over is not mistaken for a dead replica: the brain
-// tells JetStream it is still working, so the turn is not redelivered and
-// the call is made, and paid, once.
+// A model call that outlasts the turn stream's ack wait several times over
+// is not mistaken for a dead replica: the brain tells JetStream it is still
+// working, so the turn is not redelivered and the call is made, and paid,
+// once. The ack wait is 4 s here, not the suite's 2 s: a keep-alive beat is
+// a timer, and on a CI machine running the whole suite a timer can fire a
+// second or more late; 4 s leaves three seconds of slack per beat.
 func TestLongModelCallIsNotRedelivered(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t)
+	s := newSystemWith(t, func(c *devstack.Config) { c.Streams.AckWait = 4 * time.Second })
 	a := s.tenant(modelSpec("long-a"))
 	var slow sync.Once
 	fake := ollamafake.New(t, func(req *api.ChatRequest) ollamafake.Reply {
 		rep := answerFunc(goodClassify, goodDraft)(req)
 		slow.Do(func() {
 			release := make(chan struct{})
-			time.AfterFunc(7*time.Second, func() { close(release) }) // 3.5 ack waits
+			time.AfterFunc(10*time.Second, func() { close(release) }) // 2.5 ack waits
 			rep.Wait = release
 		})
 		return rep
