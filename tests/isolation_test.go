@@ -7,6 +7,7 @@ package tests
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -697,5 +700,83 @@ func TestRecreatedStreamsStillTellAReplay(t *testing.T) {
 	}
 	if n := count(t, s.tenantDB(a), `SELECT count(*) FROM decisions`); n != 1 {
 		t.Fatalf("%d decisions, want 1", n)
+	}
+}
+
+// api.event.ack with a list of ids, sent straight over NATS with tenant A's
+// credentials, marks A's events and no one else's: B's event id in the list
+// comes back unknown and stays undelivered in B's database, as does B's id
+// sent alone (not_found). A malformed list is refused with its field named.
+func TestEventAckBatchMarksOnlyTheTenantsOwnEvents(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a, b := s.tenant(spec("evack-a")), s.tenant(spec("evack-b"))
+	s.startBrain("r1", nil)
+	ea, eb := s.startEdge(a, nil), s.startEdge(b, nil) // no webhook: events stay undelivered
+	for i := range 3 {
+		ea.submit(quoteEmail(fmt.Sprintf("<evack-a-%d@x>", i))).reply(t)
+	}
+	eb.submit(quoteEmail("<evack-b@x>")).reply(t)
+	ids := func(db *pgx.Conn) []string {
+		rows, err := db.Query(context.Background(), `SELECT id::text FROM outbox ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	aIDs, bIDs := ids(s.tenantDB(a)), ids(s.tenantDB(b))
+	if len(aIDs) != 3 || len(bIDs) != 1 {
+		t.Fatalf("events: A %d, B %d; want 3 and 1", len(aIDs), len(bIDs))
+	}
+	nc := s.tenantConn(a)
+	call := func(body string) (status string, data []byte) {
+		t.Helper()
+		m, err := nc.Request(subjects.APILocal(subjects.APIEventAck), []byte(body), 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Header.Get(wire.HeaderStatus), m.Data
+	}
+	list, _ := json.Marshal(append(append([]string{}, aIDs...), bIDs[0], "not-a-uuid"))
+	status, data := call(`{"event_ids":` + string(list) + `}`)
+	var rep wire.EventAckReply
+	if status != wire.StatusOK || json.Unmarshal(data, &rep) != nil {
+		t.Fatalf("batch ack: %s %s", status, data)
+	}
+	if want := []string{bIDs[0], "not-a-uuid"}; !rep.Delivered || !slices.Equal(rep.Unknown, want) {
+		t.Errorf("batch ack answered %s, want delivered with unknown %q", data, want)
+	}
+	if n := count(t, s.tenantDB(a), `SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL`); n != 3 {
+		t.Errorf("%d of A's 3 events marked delivered", n)
+	}
+	if status, data := call(`{"event_id":"` + bIDs[0] + `"}`); status != wire.StatusError || !bytes.Contains(data, []byte(`"not_found"`)) {
+		t.Errorf("B's event acknowledged alone by A: %s %s, want not_found", status, data)
+	}
+	if n := count(t, s.tenantDB(b), `SELECT count(*) FROM outbox WHERE delivered_at IS NULL`); n != 1 {
+		t.Errorf("B's event was marked delivered by A's acknowledgement")
+	}
+
+	tooMany := make([]string, wire.MaxEventAckBatch+1)
+	for i := range tooMany {
+		tooMany[i] = aIDs[0]
+	}
+	many, _ := json.Marshal(tooMany)
+	for _, c := range []struct{ body, field string }{
+		{`{}`, "event_id"},
+		{`{"event_id":"` + aIDs[0] + `","event_ids":["` + aIDs[1] + `"]}`, "event_ids"},
+		{`{"event_ids":` + string(many) + `}`, "event_ids"},
+		{`{"event_ids":["` + aIDs[0] + `",""]}`, "event_ids[1]"},
+		{`{"event_ids":"` + aIDs[0] + `"}`, "event_ids"},
+	} {
+		status, data := call(c.body)
+		var er wire.ErrorReply
+		if status != wire.StatusError || json.Unmarshal(data, &er) != nil || er.Error == nil ||
+			er.Error.Code != wire.CodeInvalid || er.Error.Field != c.field {
+			t.Errorf("%.80s: %s %s, want invalid on field %s", c.body, status, data, c.field)
+		}
 	}
 }

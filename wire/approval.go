@@ -216,14 +216,50 @@ type Event struct {
 	OccurredAt time.Time `json:"occurred_at"`
 }
 
-// EventAckRequest is api.event.ack: n8n accepted the event.
+// MaxEventAckBatch bounds the event ids of one api.event.ack.
+const MaxEventAckBatch = 256
+
+// EventAckRequest is api.event.ack: n8n accepted the event, or the events.
+// Exactly one of EventID and EventIDs is set. An edge sends EventIDs for
+// the events n8n accepted while its previous acknowledgement was in flight,
+// so a busy tenant pays one call and one transaction for many events.
 type EventAckRequest struct {
-	EventID string `json:"event_id"`
+	EventID  string   `json:"event_id,omitempty"`
+	EventIDs []string `json:"event_ids,omitempty"`
 }
 
-// EventAckReply answers EventAckRequest.
+// IDs are the events acknowledged, in either form.
+func (r *EventAckRequest) IDs() []string {
+	if r.EventID != "" {
+		return []string{r.EventID}
+	}
+	return r.EventIDs
+}
+
+// Validate checks the request's own rules.
+func (r *EventAckRequest) Validate() error {
+	switch {
+	case r.EventID == "" && len(r.EventIDs) == 0:
+		return invalidField("event_id", "is required (or event_ids, a list of them)")
+	case r.EventID != "" && len(r.EventIDs) > 0:
+		return invalidField("event_ids", "is not allowed with event_id: send one or the other")
+	case len(r.EventIDs) > MaxEventAckBatch:
+		return invalidField("event_ids", fmt.Sprintf("has %d ids, the limit is %d", len(r.EventIDs), MaxEventAckBatch))
+	}
+	for i, id := range r.EventIDs {
+		if id == "" {
+			return invalidField(fmt.Sprintf("event_ids[%d]", i), "is empty")
+		}
+	}
+	return nil
+}
+
+// EventAckReply answers EventAckRequest. For event_id, an id that names no
+// event of the tenant is a not_found error; for event_ids, the call marks
+// the events it knows and lists the others in Unknown.
 type EventAckReply struct {
-	Delivered bool `json:"delivered"`
+	Delivered bool     `json:"delivered"`
+	Unknown   []string `json:"unknown,omitempty"`
 }
 
 // ReportRequest is api.report.outcomes.

@@ -357,21 +357,24 @@ func (a *Approvals) Decide(ctx context.Context, t *registry.Tenant, req *wire.Ap
 	return &wire.ApprovalDecideReply{Approval: rec, EventID: ev.EventID}, nil
 }
 
-// AckEvent serves api.event.ack: n8n accepted the event.
+// AckEvent serves api.event.ack: n8n accepted the event, or the events.
 func (a *Approvals) AckEvent(ctx context.Context, t *registry.Tenant, req *wire.EventAckRequest) (*wire.EventAckReply, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
 	pool, release, err := a.pools.Lease(ctx, t)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	ok, err := store.OutboxMarkDelivered(ctx, pool, req.EventID)
+	unknown, err := store.OutboxMarkDelivered(ctx, pool, req.IDs())
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
+	if req.EventID != "" && len(unknown) > 0 {
 		return nil, &wire.Error{Code: wire.CodeNotFound, Message: "no such event"}
 	}
-	return &wire.EventAckReply{Delivered: true}, nil
+	return &wire.EventAckReply{Delivered: true, Unknown: unknown}, nil
 }
 
 // Report serves api.report.outcomes.

@@ -222,35 +222,59 @@ func BenchmarkTurnCommit(b *testing.B) {
 }
 
 // TestOutboxMarkDelivered: an event is marked once, a second mark writes
-// nothing, an unknown id is reported, and the mark's asynchronous commit
-// stays within its own transaction.
+// nothing, a batch marks what it knows and returns the rest in order, and
+// the mark's asynchronous commit stays within its own transaction.
 func TestOutboxMarkDelivered(t *testing.T) {
 	ctx := context.Background()
 	pool := tenantDB(t, 0)
-	w := approvalTurn("<m@x>", true)
-	if err := TurnCommit(ctx, pool, w); err != nil {
-		t.Fatal(err)
+	var ids []string
+	for i := range 3 {
+		w := approvalTurn(fmt.Sprintf("<m%d@x>", i), true)
+		if err := TurnCommit(ctx, pool, w); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, w.Extra[1].Args[0].(string))
 	}
-	id := w.Extra[1].Args[0].(string)
-	xmin := func() (x string, at time.Time) {
+	id := ids[0]
+	xmin := func(id string) (x string, at *time.Time) {
 		if err := pool.QueryRow(ctx, `SELECT xmin::text, delivered_at FROM outbox WHERE id = $1`, id).Scan(&x, &at); err != nil {
 			t.Fatal(err)
 		}
 		return x, at
 	}
-	ok, err := OutboxMarkDelivered(ctx, pool, id)
-	if err != nil || !ok {
-		t.Fatalf("mark: %v %v", ok, err)
+	if unknown, err := OutboxMarkDelivered(ctx, pool, []string{id}); err != nil || len(unknown) != 0 {
+		t.Fatalf("mark: unknown %q, %v", unknown, err)
 	}
-	x1, at1 := xmin()
-	if ok, err := OutboxMarkDelivered(ctx, pool, id); err != nil || !ok {
-		t.Fatalf("mark again: %v %v", ok, err)
+	x1, at1 := xmin(id)
+	if at1 == nil {
+		t.Fatal("the mark did not set delivered_at")
 	}
-	if x2, at2 := xmin(); x2 != x1 || !at2.Equal(at1) {
+	if unknown, err := OutboxMarkDelivered(ctx, pool, []string{id}); err != nil || len(unknown) != 0 {
+		t.Fatalf("mark again: unknown %q, %v", unknown, err)
+	}
+	if x2, at2 := xmin(id); x2 != x1 || !at2.Equal(*at1) {
 		t.Errorf("the second mark rewrote the row: xmin %s → %s, delivered_at %v → %v", x1, x2, at1, at2)
 	}
-	if ok, err := OutboxMarkDelivered(ctx, pool, uuid.NewString()); err != nil || ok {
-		t.Errorf("an unknown event: %v %v, want false", ok, err)
+	// A batch: an id already marked, an unknown one, one that is not a
+	// uuid, one twice, one in upper case (Postgres's uuid input accepts it).
+	stranger, upper := uuid.NewString(), strings.ToUpper(ids[2])
+	unknown, err := OutboxMarkDelivered(ctx, pool, []string{id, stranger, ids[1], "not-a-uuid", ids[1], upper})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{stranger, "not-a-uuid"}; !slices.Equal(unknown, want) {
+		t.Errorf("batch: unknown %q, want %q", unknown, want)
+	}
+	for _, id := range ids {
+		if _, at := xmin(id); at == nil {
+			t.Errorf("event %s not marked by the batch", id)
+		}
+	}
+	if x3, _ := xmin(id); x3 != x1 {
+		t.Errorf("the batch rewrote an event marked before: xmin %s → %s", x1, x3)
+	}
+	if unknown, err := OutboxMarkDelivered(ctx, pool, []string{"nope"}); err != nil || !slices.Equal(unknown, []string{"nope"}) {
+		t.Errorf("only a malformed id: unknown %q, %v", unknown, err)
 	}
 	// The setting holds for the rest of the batch, one implicit
 	// transaction, which commits with it; then no longer.
