@@ -369,7 +369,7 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 	var ev *events
 	if cfg.WebhookURL == "" {
 		logger.Info("events are not delivered: EDGE_WEBHOOK_URL is not set; the brain keeps them until an edge delivers them")
-	} else if ev, err = startEvents(nc, cfg, rl, logger); err != nil {
+	} else if ev, err = startEvents(nc, cfg, rl, m, logger); err != nil {
 		ln.Close()
 		nc.Close()
 		return err

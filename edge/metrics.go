@@ -38,6 +38,7 @@ type metrics struct {
 	turns    *prometheus.CounterVec
 	stage    *prometheus.HistogramVec
 	inflight prometheus.Gauge
+	ackBatch prometheus.Histogram
 }
 
 // newMetrics registers the edge's metrics. The tenant label is the edge's
@@ -57,13 +58,16 @@ func newMetrics(tenant string, nc *nats.Conn) *metrics {
 			Buckets: telemetry.LatencyBuckets}, []string{"stage"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edge_turns_inflight",
 			Help: "Turn requests being answered now (waiting for the brain included)."}),
+		ackBatch: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "edge_event_ack_batch_events",
+			Help:    "Events acknowledged to the brain per api.event.ack call: the calls are the count, the events the sum.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9)}), // 1 … 256
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var r prometheus.Registerer = m.reg
 	if tenant != "" {
 		r = prometheus.WrapRegistererWith(prometheus.Labels{"tenant": tenant}, r)
 	}
-	r.MustRegister(m.requests, m.turns, m.stage, m.inflight)
+	r.MustRegister(m.requests, m.turns, m.stage, m.inflight, m.ackBatch)
 	r.MustRegister(telemetry.NATSCollectors("edge", nc)...)
 	return m
 }
@@ -80,6 +84,12 @@ func (m *metrics) turnStarted() (done func()) {
 func (m *metrics) observeStage(stage string, d time.Duration) {
 	if m != nil {
 		m.stage.WithLabelValues(stage).Observe(d.Seconds())
+	}
+}
+
+func (m *metrics) observeAckBatch(events int) {
+	if m != nil {
+		m.ackBatch.Observe(float64(events))
 	}
 }
 

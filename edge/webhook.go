@@ -29,7 +29,7 @@ import (
 // Event delivery (DESIGN §9): the brain publishes each undelivered event on
 // event.<event_id>, again and again until it is acknowledged. The edge POSTs
 // it to n8n's webhook and, only after n8n answered 2xx, acknowledges it with
-// api.event.ack.
+// api.event.ack (with the events accepted meanwhile: acker, eventack.go).
 //
 // The pipeline is a watermill Router fed by eventSubscriber (relay.go), with
 // these middlewares, outermost first:
@@ -85,7 +85,7 @@ type webhook struct {
 	url    string
 	secret []byte
 	client *http.Client
-	brain  brainClient
+	acks   *acker
 	logger *slog.Logger
 }
 
@@ -98,7 +98,7 @@ type events struct {
 
 // startEvents subscribes to the tenant's events and starts delivering them
 // to cfg.WebhookURL. It returns once the subscription is in place.
-func startEvents(nc *nats.Conn, cfg Config, brain brainClient, logger *slog.Logger) (*events, error) {
+func startEvents(nc *nats.Conn, cfg Config, brain brainClient, m *metrics, logger *slog.Logger) (*events, error) {
 	logger = logger.With("component", "events")
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	client := &http.Client{
@@ -107,7 +107,8 @@ func startEvents(nc *nats.Conn, cfg Config, brain brainClient, logger *slog.Logg
 		// A redirect would carry the secret and the body elsewhere.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	wh := &webhook{url: cfg.WebhookURL, secret: []byte(cfg.WebhookSecret), client: client, brain: brain, logger: logger}
+	wh := &webhook{url: cfg.WebhookURL, secret: []byte(cfg.WebhookSecret), client: client,
+		acks: &acker{brain: brain, metrics: m, logger: logger}, logger: logger}
 
 	// Watermill's Info lines (router started, handler stopped) are Debug here.
 	wlog := watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
@@ -219,15 +220,14 @@ func (wh *webhook) deliver(msg *message.Message) error {
 		}
 		return err
 	}
-	var ack wire.EventAckReply
-	if err := callJSON(ctx, wh.brain, subjects.APIEventAck, wire.EventAckRequest{EventID: ev.EventID}, &ack); err != nil {
+	if err := wh.acks.ack(ctx, ev.EventID); err != nil {
 		// n8n has it; it will see it again, which is harmless.
 		if ctx.Err() == nil {
 			wh.logger.Warn("event delivered but not acknowledged; it will be delivered again", "event_id", ev.EventID, "kind", ev.Kind, "error", err)
 		}
 		return fmt.Errorf("acknowledge event %s: %w", ev.EventID, err)
 	}
-	wh.logger.Info("event delivered", "event_id", ev.EventID, "kind", ev.Kind, "brain_marked_delivered", ack.Delivered)
+	wh.logger.Info("event delivered", "event_id", ev.EventID, "kind", ev.Kind)
 	return nil
 }
 

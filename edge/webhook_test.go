@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,7 +105,13 @@ func startAckingBrain(t *testing.T, n *testNATS, f *fakeN8N) *ackRecorder {
 			t.Errorf("the edge sent an invalid event.ack: %v", err)
 			return apiAnswer{Error: wire.ErrorOf(err)}
 		}
-		ar.acks <- ackSeen{EventID: req.EventID, OKs: f.ok.Load()}
+		if err := req.Validate(); err != nil {
+			t.Errorf("the edge sent an invalid event.ack: %v", err)
+			return apiAnswer{Error: wire.ErrorOf(err)}
+		}
+		for _, id := range req.IDs() {
+			ar.acks <- ackSeen{EventID: id, OKs: f.ok.Load()}
+		}
 		return apiAnswer{Reply: wire.EventAckReply{Delivered: true}}
 	})
 	return ar
@@ -414,4 +422,193 @@ func TestServeLeavesNoGoroutines(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
+}
+
+// batchEvents publishes n events (ids from base) and returns their ids.
+func batchEvents(t *testing.T, n *testNATS, base, count int) []string {
+	t.Helper()
+	var ids []string
+	for i := range count {
+		id := testUUID(base + i)
+		_, payload := sampleEvent(id)
+		n.publishEvent(t, id, payload)
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// ackCalls is a fake brain's record of event.ack calls: their ids, per call.
+type ackCalls struct {
+	calls chan []string
+}
+
+// startSlowAckBrain answers event.ack, holding the first call until n8n
+// has accepted hold events; decode is the brain's strict decoder.
+func startSlowAckBrain(t *testing.T, n *testNATS, f *fakeN8N, hold int32, answer func(req []byte) apiAnswer) *ackCalls {
+	t.Helper()
+	ac := &ackCalls{calls: make(chan []string, 256)}
+	var first atomic.Bool
+	startFakeAPI(t, n, func(c apiCall) apiAnswer {
+		if c.Method != subjects.APIEventAck {
+			return apiAnswer{Error: &wire.Error{Code: wire.CodeNotFound, Message: "unexpected " + c.Method}}
+		}
+		if first.CompareAndSwap(false, true) {
+			deadline := time.Now().Add(10 * time.Second)
+			for f.ok.Load() < hold && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		var req wire.EventAckRequest
+		if err := wire.DecodeAPI(c.Body, &req); err == nil {
+			ac.calls <- req.IDs()
+		}
+		return answer(c.Body)
+	})
+	return ac
+}
+
+// The events n8n accepts while an acknowledgement is in flight go to the
+// brain together, in one call; each is marked and logged delivered once.
+func TestWebhookBatchesAcks(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	f := startFakeN8N(t, always(http.StatusOK))
+	ac := startSlowAckBrain(t, n, f, 6, func(body []byte) apiAnswer {
+		var req wire.EventAckRequest
+		if err := wire.DecodeAPI(body, &req); err != nil {
+			return apiAnswer{Error: wire.ErrorOf(err)}
+		}
+		if err := req.Validate(); err != nil {
+			t.Errorf("the edge sent an invalid event.ack: %v", err)
+			return apiAnswer{Error: wire.ErrorOf(err)}
+		}
+		return apiAnswer{Reply: wire.EventAckReply{Delivered: true}}
+	})
+	e := webhookEdge(t, n, f, nil)
+
+	first := batchEvents(t, n, 200, 1)
+	if got := next(t, f.calls, "the first delivery"); got.Header.Get(HeaderIdempotencyKey) != first[0] {
+		t.Fatalf("delivery of %s", got.Header.Get(HeaderIdempotencyKey))
+	}
+	rest := batchEvents(t, n, 201, 5)
+	if got := next(t, ac.calls, "the first ack"); !slices.Equal(got, first) {
+		t.Errorf("first call acknowledged %q, want %q alone", got, first)
+	}
+	got := next(t, ac.calls, "the batched ack")
+	slices.Sort(got)
+	if !slices.Equal(got, rest) {
+		t.Errorf("second call acknowledged %q, want the five events n8n accepted meanwhile %q", got, rest)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(e.logs.String(), `"msg":"event delivered"`) < 6 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	logs := e.logs.String()
+	for _, id := range append(first, rest...) {
+		if c := eventLines(logs, "event delivered", id); c != 1 {
+			t.Errorf("event %s logged delivered %d times, want 1", id, c)
+		}
+	}
+	select {
+	case c := <-ac.calls:
+		t.Errorf("a third event.ack call: %q", c)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// A brain that does not take event_ids (an older release) gets one call
+// per event from then on, and every event is still acknowledged.
+func TestWebhookAcksOneByOneForAnOlderBrain(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	f := startFakeN8N(t, always(http.StatusOK))
+	type oldRequest struct { // api.event.ack before batching
+		EventID string `json:"event_id"`
+	}
+	var acked sync.Map
+	startSlowAckBrain(t, n, f, 4, func(body []byte) apiAnswer {
+		var req oldRequest
+		if err := wire.DecodeAPI(body, &req); err != nil {
+			return apiAnswer{Error: wire.ErrorOf(err)}
+		}
+		acked.Store(req.EventID, true)
+		return apiAnswer{Reply: wire.EventAckReply{Delivered: true}}
+	})
+	e := webhookEdge(t, n, f, nil)
+	ids := batchEvents(t, n, 300, 1)
+	next(t, f.calls, "the first delivery")
+	ids = append(ids, batchEvents(t, n, 301, 3)...)
+	e.logs.waitFor(t, `"msg":"the brain does not take event_ids; acknowledging one event per call"`)
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(e.logs.String(), `"msg":"event delivered"`) < 4 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, id := range ids {
+		if _, ok := acked.Load(id); !ok {
+			t.Errorf("event %s never acknowledged", id)
+		}
+	}
+	if c := strings.Count(e.logs.String(), `"msg":"event delivered"`); c != 4 {
+		t.Errorf("%d events logged delivered, want 4", c)
+	}
+	if strings.Contains(e.logs.String(), "event delivered but not acknowledged") {
+		t.Errorf("an event was reported unacknowledged although the older brain took it singly")
+	}
+}
+
+// An event the brain reports unknown in a batch is not taken as
+// acknowledged: its delivery fails and is retried; the others are done.
+func TestWebhookBatchUnknownEventIsNotAcknowledged(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	f := startFakeN8N(t, always(http.StatusOK))
+	stranger := testUUID(402)
+	startSlowAckBrain(t, n, f, 4, func(body []byte) apiAnswer {
+		var req wire.EventAckRequest
+		if err := wire.DecodeAPI(body, &req); err != nil {
+			return apiAnswer{Error: wire.ErrorOf(err)}
+		}
+		if slices.Contains(req.IDs(), stranger) {
+			if req.EventID != "" {
+				return apiAnswer{Error: &wire.Error{Code: wire.CodeNotFound, Message: "no such event"}}
+			}
+			return apiAnswer{Reply: wire.EventAckReply{Delivered: true, Unknown: []string{stranger}}}
+		}
+		return apiAnswer{Reply: wire.EventAckReply{Delivered: true}}
+	})
+	e := webhookEdge(t, n, f, nil)
+	batchEvents(t, n, 400, 1)
+	next(t, f.calls, "the first delivery")
+	batchEvents(t, n, 401, 3)
+	deadline := time.Now().Add(10 * time.Second)
+	for eventLines(e.logs.String(), "event delivered but not acknowledged; it will be delivered again", stranger) == 0 &&
+		time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if eventLines(e.logs.String(), "event delivered but not acknowledged; it will be delivered again", stranger) == 0 {
+		t.Fatalf("the unknown event %s was not reported unacknowledged", stranger)
+	}
+	for strings.Count(e.logs.String(), `"msg":"event delivered"`) < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	logs := e.logs.String()
+	for _, id := range []string{testUUID(400), testUUID(401), testUUID(403)} {
+		if c := eventLines(logs, "event delivered", id); c != 1 {
+			t.Errorf("event %s logged delivered %d times, want 1", id, c)
+		}
+	}
+	if eventLines(logs, "event delivered", stranger) > 0 {
+		t.Errorf("the unknown event was logged delivered")
+	}
+}
+
+// eventLines counts the log lines with message msg about event id.
+func eventLines(logs, msg, id string) int {
+	n := 0
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, `"msg":"`+msg+`"`) && strings.Contains(l, `"event_id":"`+id+`"`) {
+			n++
+		}
+	}
+	return n
 }

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -65,6 +66,8 @@ type benchStack struct {
 	run    string // distinguishes this stack's work items
 	// delivered counts the events the edge delivered to the webhook.
 	delivered atomic.Int64
+	// edgeMetrics is the edge's /metrics base URL (startWithEvents).
+	edgeMetrics string
 }
 
 // newBenchStack starts NATS, the registry and one tenant (the harness's
@@ -111,9 +114,15 @@ func (bs *benchStack) startWithEvents(b *testing.B) {
 		bs.delivered.Add(1)
 	}))
 	b.Cleanup(hook.Close)
+	metLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	bs.edgeMetrics = "http://" + metLn.Addr().String()
 	bs.edge = bs.s.startEdge(bs.tn, func(c *edge.Config) {
 		c.WebhookURL = hook.URL
 		c.WebhookSecret = "bench-webhook-secret-0123456789"
+		c.MetricsListener = metLn
 	})
 }
 
@@ -491,7 +500,9 @@ func BenchmarkTurnBudget(b *testing.B) {
 // with each turn's approval_requested event delivered to a webhook (n8n's,
 // here in the benchmark's process) and acknowledged to the brain, which
 // marks it delivered: the whole of what an approval-awaiting turn costs a
-// deployment. It reports the events delivered per turn.
+// deployment. Each part reports the events per acknowledgement call
+// (events/ack); at the end every event is marked delivered in the
+// tenant's database.
 func BenchmarkTurnEvents(b *testing.B) {
 	bs := newBenchStack(b)
 	bs.startWithEvents(b)
@@ -504,23 +515,57 @@ func BenchmarkTurnEvents(b *testing.B) {
 		}
 		return d, err
 	}
+	// acks is the acknowledgement calls and the events they carried so far.
+	acks := func(b *testing.B) (calls, events int) {
+		return metric(b, bs.edgeMetrics, `edge_event_ack_batch_events_count{tenant="bench"}`),
+			metric(b, bs.edgeMetrics, `edge_event_ack_batch_events_sum{tenant="bench"}`)
+	}
+	// settled waits for the deliveries still on their way, then reports
+	// the events per acknowledgement call since calls0, events0.
+	settled := func(b *testing.B, calls0, events0 int) {
+		deadline := time.Now().Add(10 * time.Second)
+		for bs.delivered.Load() < turns.Load() && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := bs.delivered.Load(); n < turns.Load() {
+			b.Fatalf("%d events delivered for %d turns", n, turns.Load())
+		}
+		var calls, events int
+		for time.Now().Before(deadline) {
+			if calls, events = acks(b); int64(events) >= turns.Load() {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if calls == calls0 {
+			b.Fatalf("no acknowledgement call")
+		}
+		b.ReportMetric(float64(events-events0)/float64(calls-calls0), "events/ack")
+	}
 	b.Run("turn_http", func(b *testing.B) {
+		calls0, events0 := acks(b)
 		measure(b, turn).report(b, "")
+		settled(b, calls0, events0)
 	})
 	b.Run(fmt.Sprintf("turn_http_parallel%d", benchConcurrency), func(b *testing.B) {
+		calls0, events0 := acks(b)
 		l, tps := measureParallel(b, turn)
 		l.report(b, "")
 		b.ReportMetric(tps, "turns/s")
+		settled(b, calls0, events0)
 	})
-	// The last deliveries are still on their way.
+	db := bs.s.tenantDB(bs.tn)
 	deadline := time.Now().Add(10 * time.Second)
-	for bs.delivered.Load() < turns.Load() && time.Now().Before(deadline) {
+	undelivered := func() int {
+		return count(b, db, `SELECT count(*) FROM outbox WHERE delivered_at IS NULL`)
+	}
+	for undelivered() > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := bs.delivered.Load(); n < turns.Load() {
-		b.Fatalf("%d events delivered for %d turns", n, turns.Load())
+	if n := undelivered(); n > 0 {
+		b.Fatalf("%d events not marked delivered after %d turns", n, turns.Load())
 	}
-	b.Logf("%d events delivered for %d turns", bs.delivered.Load(), turns.Load())
+	b.Logf("%d events delivered for %d turns, all marked delivered", bs.delivered.Load(), turns.Load())
 }
 
 // BenchmarkFloorJetStream: one JetStream round trip through the account

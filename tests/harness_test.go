@@ -296,7 +296,7 @@ func (s *system) adminConn(db string) *pgx.Conn {
 	return conn
 }
 
-func count(t *testing.T, conn *pgx.Conn, sql string, args ...any) int {
+func count(t testing.TB, conn *pgx.Conn, sql string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := conn.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
@@ -374,7 +374,7 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 	}
 }
 
-func metric(t *testing.T, url, name string) int {
+func metric(t testing.TB, url, name string) int {
 	t.Helper()
 	res, err := http.Get(url + "/metrics")
 	if err != nil {
