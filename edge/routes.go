@@ -185,14 +185,15 @@ func handleTurnSubmit(d deps) http.Handler {
 
 		d.metrics.observeStage(StageIntake, time.Since(requestStart(r.Context())))
 		defer d.metrics.turnStarted()()
-		out, err := d.brain.Submit(r.Context(), key, payload, wire.Fingerprint(req))
+		fp := wire.Fingerprint(req)
+		out, err := d.brain.Submit(r.Context(), key, payload, fp)
 		if err != nil {
 			fail(r.Context(), w, err)
 			return
 		}
 		if out.Pending {
 			annotate(r.Context(), slog.Bool("pending", true))
-			writePending(w, key, wire.Fingerprint(req))
+			writePending(w, key, fp)
 			return
 		}
 		annotate(r.Context(), slog.Bool("replayed", out.Replayed))
