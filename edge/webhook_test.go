@@ -440,19 +440,22 @@ func batchEvents(t *testing.T, n *testNATS, base, count int) []string {
 // ackCalls is a fake brain's record of event.ack calls: their ids, per call.
 type ackCalls struct {
 	calls chan []string
+	// inFlight is closed when the first call arrives, before it is held.
+	inFlight chan struct{}
 }
 
 // startSlowAckBrain answers event.ack, holding the first call until n8n
 // has accepted hold events; decode is the brain's strict decoder.
 func startSlowAckBrain(t *testing.T, n *testNATS, f *fakeN8N, hold int32, answer func(req []byte) apiAnswer) *ackCalls {
 	t.Helper()
-	ac := &ackCalls{calls: make(chan []string, 256)}
+	ac := &ackCalls{calls: make(chan []string, 256), inFlight: make(chan struct{})}
 	var first atomic.Bool
 	startFakeAPI(t, n, func(c apiCall) apiAnswer {
 		if c.Method != subjects.APIEventAck {
 			return apiAnswer{Error: &wire.Error{Code: wire.CodeNotFound, Message: "unexpected " + c.Method}}
 		}
 		if first.CompareAndSwap(false, true) {
+			close(ac.inFlight)
 			deadline := time.Now().Add(10 * time.Second)
 			for f.ok.Load() < hold && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
@@ -489,6 +492,13 @@ func TestWebhookBatchesAcks(t *testing.T) {
 	first := batchEvents(t, n, 200, 1)
 	if got := next(t, f.calls, "the first delivery"); got.Header.Get(HeaderIdempotencyKey) != first[0] {
 		t.Fatalf("delivery of %s", got.Header.Get(HeaderIdempotencyKey))
+	}
+	// n8n's answer is not yet the edge's ack: wait until the first ack is
+	// in flight, or a later event could be acknowledged first.
+	select {
+	case <-ac.inFlight:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first event's ack never reached the brain")
 	}
 	rest := batchEvents(t, n, 201, 5)
 	if got := next(t, ac.calls, "the first ack"); !slices.Equal(got, first) {
