@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -163,7 +164,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		})
 		log.Info("ops endpoints listening", "addr", ln.Addr().String())
 	}
-	log.Info("brain replica ready", "workers", cfg.Workers, "tenant_workers", cfg.TenantWorkers,
+	log.Info("brain replica ready", "workers", cfg.Workers, "tenant_workers", cfg.TenantWorkers, "gomaxprocs", runtime.GOMAXPROCS(0),
 		"tenants", len(dir.Tenants()), "consuming", b.consumers.count())
 
 	var stopErr error

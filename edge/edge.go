@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -397,7 +398,7 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	logger.Info("edge serving", "addr", ln.Addr().String(), "nats_url", nc.ConnectedUrlRedacted())
+	logger.Info("edge serving", "addr", ln.Addr().String(), "nats_url", nc.ConnectedUrlRedacted(), "gomaxprocs", runtime.GOMAXPROCS(0))
 
 	var serveErr, natsErr error
 	select {
