@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -76,6 +77,15 @@ func sumCPU(pids []int) time.Duration {
 	return d
 }
 
+// maxProcsEnv is GOMAXPROCS for one of the benchmark's processes (EDGE,
+// BRAIN, LOAD) from BENCH_GOMAXPROCS_<which>, or nothing (Go's default).
+func maxProcsEnv(which string) []string {
+	if v := envInt("BENCH_GOMAXPROCS_"+which, 0); v > 0 {
+		return []string{"GOMAXPROCS=" + strconv.Itoa(v)}
+	}
+	return nil
+}
+
 type loadResult struct {
 	Turns     int     `json:"turns"`
 	Errors    int     `json:"errors"`
@@ -89,6 +99,9 @@ func BenchmarkTurnCPU(b *testing.B) {
 	syncAlways := os.Getenv("BENCH_SYNC_ALWAYS") == "1"
 	replicas := envInt("BENCH_REPLICAS", 1)
 	n := envInt("BENCH_N", 2000)
+	if v := envInt("BENCH_GOMAXPROCS_NATS", 0); v > 0 {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(v))
+	}
 	s := newSystemWith(b, func(c *devstack.Config) { c.SyncAlways = syncAlways })
 	sp := spec("cpu")
 	sp.Quota = registry.Quota{Turns: 10_000_000, Bytes: 64 << 30}
@@ -116,7 +129,7 @@ func BenchmarkTurnCPU(b *testing.B) {
 	edgeBin, loadBin := build("../edge/cmd/edge", "edge"), build("./bench/turnload", "turnload")
 	var brains []*brainProcess
 	for i := range replicas {
-		brains = append(brains, startBrainProcess(b, s, fmt.Sprintf("cpu-%d", i+1), "BRAIN_LOG_LEVEL=warn"))
+		brains = append(brains, startBrainProcess(b, s, fmt.Sprintf("cpu-%d", i+1), append(maxProcsEnv("BRAIN"), "BRAIN_LOG_LEVEL=warn")...))
 	}
 	// Every turn proposes a reply, so every turn writes an
 	// approval_requested event: n8n's webhook (a process of its own)
@@ -124,6 +137,7 @@ func BenchmarkTurnCPU(b *testing.B) {
 	// production.
 	hookAddr := freeAddr(b)
 	hook := exec.Command(loadBin, "-events", hookAddr)
+	hook.Env = append(os.Environ(), maxProcsEnv("LOAD")...)
 	if err := hook.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -134,6 +148,7 @@ func BenchmarkTurnCPU(b *testing.B) {
 	edge.Env = append(os.Environ(), "EDGE_NATS_URL="+ecfg.NATSURL, "EDGE_NATS_CREDS="+ecfg.CredsFile, "EDGE_TOKEN="+ecfg.Token,
 		"EDGE_ADDR="+edgeAddr, "EDGE_TENANT_ID=cpu", "EDGE_LOG_LEVEL=warn",
 		"EDGE_WEBHOOK_URL=http://"+hookAddr+"/webhook/brain-events", "EDGE_WEBHOOK_SECRET=bench-webhook-secret-0123456789")
+	edge.Env = append(edge.Env, maxProcsEnv("EDGE")...)
 	if err := edge.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -159,6 +174,7 @@ func BenchmarkTurnCPU(b *testing.B) {
 		cmd := exec.Command(loadBin, "-url", "http://"+edgeAddr, "-token", ecfg.Token, "-callers", strconv.Itoa(callers),
 			"-n", strconv.Itoa(turns), "-warmup", "0", "-run", randomHex(4))
 		cmd.Stderr = os.Stderr
+		cmd.Env = append(os.Environ(), maxProcsEnv("LOAD")...)
 		before := cpu()
 		out, err := cmd.Output()
 		after := cpu()
