@@ -101,6 +101,11 @@ type events struct {
 func startEvents(nc *nats.Conn, cfg Config, brain brainClient, m *metrics, logger *slog.Logger) (*events, error) {
 	logger = logger.With("component", "events")
 	transport := http.DefaultTransport.(*http.Transport).Clone()
+	// Every delivery goes to one host, n8n: keep a connection for each one
+	// that can be in flight. Go's default keeps two idle per host, so each
+	// burst of events closed the rest and dialled them again, one TCP
+	// handshake (and a TIME_WAIT socket here) per event.
+	transport.MaxIdleConns, transport.MaxIdleConnsPerHost = maxDeliveries, maxDeliveries
 	client := &http.Client{
 		Transport: transport,
 		Timeout:   cfg.WebhookTimeout,

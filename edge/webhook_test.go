@@ -5,7 +5,9 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -617,4 +619,69 @@ func eventLines(logs, msg, id string) int {
 		}
 	}
 	return n
+}
+
+// Events delivered at once keep their connections to n8n between bursts:
+// the edge's client keeps as many idle connections as it has deliveries
+// in flight, not Go's default of two per host, which would close the rest
+// after each burst and dial them again (a TCP handshake per event, and a
+// TIME_WAIT socket per event on the edge's host).
+func TestWebhookReusesItsConnectionsAcrossBursts(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	const burst, bursts = 8, 4
+	var (
+		mu       sync.Mutex
+		inFlight int
+		peak     int
+		arrived  = make(chan struct{}, burst*bursts)
+		release  = make(chan struct{})
+		newConns atomic.Int32
+	)
+	f := &fakeN8N{calls: make(chan hookCall, burst*bursts)}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		inFlight++
+		peak = max(peak, inFlight)
+		mu.Unlock()
+		arrived <- struct{}{}
+		<-release // the test lets the whole burst answer at once
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+		f.ok.Add(1)
+		w.WriteHeader(http.StatusOK)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			newConns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	f.url = srv.URL + "/webhook/brain-events"
+	ar := startAckingBrain(t, n, f)
+	webhookEdge(t, n, f, nil)
+
+	for b := range bursts {
+		batchEvents(t, n, 300+b*burst, burst)
+		for range burst {
+			next(t, arrived, fmt.Sprintf("burst %d's deliveries to be in flight together", b+1))
+		}
+		for range burst {
+			release <- struct{}{}
+		}
+		for range burst {
+			next(t, ar.acks, fmt.Sprintf("burst %d's acks", b+1))
+		}
+	}
+	if peak != burst {
+		t.Fatalf("at most %d deliveries were in flight at once, want %d: the test did not test reuse", peak, burst)
+	}
+	// One connection per delivery in flight, made in the first burst; the
+	// old client made 8 + 3×6 = 26.
+	if got := newConns.Load(); got > burst {
+		t.Errorf("n8n saw %d connections for %d bursts of %d events, want at most %d (one per delivery in flight)", got, bursts, burst, burst)
+	}
 }
