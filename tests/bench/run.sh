@@ -12,6 +12,10 @@
 #                           two NATS set-ups: the longest part of the run)
 #   BENCH_TENANTS, BENCH_SCALE_TURNS, BENCH_CLUSTER_TURNS, BENCH_CLUSTER_TENANTS
 #                           their sizes (1000, 20000, 5000, 8)
+#   BENCH_GOMAXPROCS_EDGE, BENCH_GOMAXPROCS_BRAIN, BENCH_GOMAXPROCS_LOAD, BENCH_GOMAXPROCS_NATS
+#                           GOMAXPROCS of BenchmarkTurnCPU's processes (Go's
+#                           default when unset; compose runs the edge and
+#                           the brain at 1)
 #
 # Not part of `make test` or CI: it needs no Node, but uses it when present.
 set -euo pipefail
@@ -41,6 +45,7 @@ fi
 		echo "postgres: $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW server_version' 2>/dev/null) (fsync $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW fsync' 2>/dev/null), synchronous_commit $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW synchronous_commit' 2>/dev/null))"
 	fi
 	echo "load:     $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) (1/5/15 min, before the run)"
+	echo "GOMAXPROCS of BenchmarkTurnCPU's processes: edge ${BENCH_GOMAXPROCS_EDGE:-Go's default}, brain ${BENCH_GOMAXPROCS_BRAIN:-Go's default}, load ${BENCH_GOMAXPROCS_LOAD:-Go's default}, test process (NATS) ${BENCH_GOMAXPROCS_NATS:-Go's default}"
 } | tee "$OUT/machine.txt"
 
 echo
