@@ -676,8 +676,11 @@ func TestWebhookReusesItsConnectionsAcrossBursts(t *testing.T) {
 			next(t, ar.acks, fmt.Sprintf("burst %d's acks", b+1))
 		}
 	}
-	if peak != burst {
-		t.Fatalf("at most %d deliveries were in flight at once, want %d: the test did not test reuse", peak, burst)
+	mu.Lock()
+	most := peak
+	mu.Unlock()
+	if most != burst {
+		t.Fatalf("at most %d deliveries were in flight at once, want %d: the test did not test reuse", most, burst)
 	}
 	// One connection per delivery in flight, made in the first burst; the
 	// old client made 8 + 3×6 = 26.
