@@ -45,7 +45,7 @@ fi
 		echo "postgres: $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW server_version' 2>/dev/null) (fsync $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW fsync' 2>/dev/null), synchronous_commit $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW synchronous_commit' 2>/dev/null))"
 	fi
 	echo "load:     $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) (1/5/15 min, before the run)"
-	echo "GOMAXPROCS of BenchmarkTurnCPU's processes: edge ${BENCH_GOMAXPROCS_EDGE:-Go's default}, brain ${BENCH_GOMAXPROCS_BRAIN:-Go's default}, load ${BENCH_GOMAXPROCS_LOAD:-Go's default}, test process (NATS) ${BENCH_GOMAXPROCS_NATS:-Go's default}"
+	echo "GOMAXPROCS of BenchmarkTurnCPU's processes: edge ${BENCH_GOMAXPROCS_EDGE:-default}, brain ${BENCH_GOMAXPROCS_BRAIN:-default}, load ${BENCH_GOMAXPROCS_LOAD:-default}, test process (NATS) ${BENCH_GOMAXPROCS_NATS:-default}"
 } | tee "$OUT/machine.txt"
 
 echo
