@@ -502,10 +502,23 @@ func TestWebhookBatchesAcks(t *testing.T) {
 	if got := next(t, ac.calls, "the first ack"); !slices.Equal(got, first) {
 		t.Errorf("first call acknowledged %q, want %q alone", got, first)
 	}
-	got := next(t, ac.calls, "the batched ack")
+	// The fake brain answers the first call once n8n has answered all five,
+	// but the edge may not have read n8n's last answer by then: that event
+	// then goes in a call of its own. So the five come in one call, or in
+	// two of which the first carries at least four.
+	var calls [][]string
+	var got []string
+	for len(got) < len(rest) {
+		c := next(t, ac.calls, "the batched ack")
+		calls = append(calls, c)
+		got = append(got, c...)
+	}
 	slices.Sort(got)
 	if !slices.Equal(got, rest) {
-		t.Errorf("second call acknowledged %q, want the five events n8n accepted meanwhile %q", got, rest)
+		t.Errorf("the later calls acknowledged %q, want the five events n8n accepted meanwhile %q, once each", got, rest)
+	}
+	if len(calls) > 2 || len(calls[0]) < len(rest)-1 {
+		t.Errorf("the five events were acknowledged in calls of %v events, want them batched (one call, or four then one)", lens(calls))
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for strings.Count(e.logs.String(), `"msg":"event delivered"`) < 6 && time.Now().Before(deadline) {
@@ -519,7 +532,7 @@ func TestWebhookBatchesAcks(t *testing.T) {
 	}
 	select {
 	case c := <-ac.calls:
-		t.Errorf("a third event.ack call: %q", c)
+		t.Errorf("an event.ack call after every event was acknowledged: %q", c)
 	case <-time.After(100 * time.Millisecond):
 	}
 }
@@ -608,6 +621,15 @@ func TestWebhookBatchUnknownEventIsNotAcknowledged(t *testing.T) {
 	if eventLines(logs, "event delivered", stranger) > 0 {
 		t.Errorf("the unknown event was logged delivered")
 	}
+}
+
+// lens is the length of each call.
+func lens(calls [][]string) []int {
+	out := make([]int, len(calls))
+	for i, c := range calls {
+		out[i] = len(c)
+	}
+	return out
 }
 
 // eventLines counts the log lines with message msg about event id.
