@@ -13,6 +13,7 @@ package tests
 // One measurement whatever b.N: run it with -benchtime 1x.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -102,6 +103,10 @@ func BenchmarkTurnCPU(b *testing.B) {
 	if v := envInt("BENCH_GOMAXPROCS_NATS", 0); v > 0 {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(v))
 	}
+	// The brain's and the edge's log level: warn by default, so that the
+	// figures are the turn's own; info is what they run with by default
+	// (a line per turn each, to a file here).
+	logLevel := cmp.Or(os.Getenv("BENCH_LOG_LEVEL"), "warn")
 	s := newSystemWith(b, func(c *devstack.Config) { c.SyncAlways = syncAlways })
 	sp := spec("cpu")
 	sp.Quota = registry.Quota{Turns: 10_000_000, Bytes: 64 << 30}
@@ -129,7 +134,7 @@ func BenchmarkTurnCPU(b *testing.B) {
 	edgeBin, loadBin := build("../edge/cmd/edge", "edge"), build("./bench/turnload", "turnload")
 	var brains []*brainProcess
 	for i := range replicas {
-		brains = append(brains, startBrainProcess(b, s, fmt.Sprintf("cpu-%d", i+1), append(maxProcsEnv("BRAIN"), "BRAIN_LOG_LEVEL=warn")...))
+		brains = append(brains, startBrainProcess(b, s, fmt.Sprintf("cpu-%d", i+1), append(maxProcsEnv("BRAIN"), "BRAIN_LOG_LEVEL="+logLevel)...))
 	}
 	// Every turn proposes a reply, so every turn writes an
 	// approval_requested event: n8n's webhook (a process of its own)
@@ -145,8 +150,13 @@ func BenchmarkTurnCPU(b *testing.B) {
 	edgeAddr := freeAddr(b)
 	ecfg := s.stack.EdgeConfig(tn)
 	edge := exec.Command(edgeBin)
+	edgeLog, err := os.Create(filepath.Join(dir, "edge.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	edge.Stdout, edge.Stderr = edgeLog, edgeLog
 	edge.Env = append(os.Environ(), "EDGE_NATS_URL="+ecfg.NATSURL, "EDGE_NATS_CREDS="+ecfg.CredsFile, "EDGE_TOKEN="+ecfg.Token,
-		"EDGE_ADDR="+edgeAddr, "EDGE_TENANT_ID=cpu", "EDGE_LOG_LEVEL=warn",
+		"EDGE_ADDR="+edgeAddr, "EDGE_TENANT_ID=cpu", "EDGE_LOG_LEVEL="+logLevel,
 		"EDGE_WEBHOOK_URL=http://"+hookAddr+"/webhook/brain-events", "EDGE_WEBHOOK_SECRET=bench-webhook-secret-0123456789")
 	edge.Env = append(edge.Env, maxProcsEnv("EDGE")...)
 	if err := edge.Start(); err != nil {
