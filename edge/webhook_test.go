@@ -660,7 +660,7 @@ func TestWebhookReusesItsConnectionsAcrossBursts(t *testing.T) {
 		release  = make(chan struct{})
 		newConns atomic.Int32
 	)
-	f := &fakeN8N{calls: make(chan hookCall, burst*bursts)}
+	f := &fakeN8N{} // for startAckingBrain, which reads f.ok; this server records no calls
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		mu.Lock()

@@ -154,6 +154,7 @@ func BenchmarkTurnCPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { _ = edgeLog.Close() }) // after the edge's own cleanup below
 	edge.Stdout, edge.Stderr = edgeLog, edgeLog
 	edge.Env = append(os.Environ(), "EDGE_NATS_URL="+ecfg.NATSURL, "EDGE_NATS_CREDS="+ecfg.CredsFile, "EDGE_TOKEN="+ecfg.Token,
 		"EDGE_ADDR="+edgeAddr, "EDGE_TENANT_ID=cpu", "EDGE_LOG_LEVEL="+logLevel,
