@@ -55,7 +55,7 @@ go test -run '^$' -bench "$GO_BENCH" -benchtime "${N}x" -count 1 -timeout 30m ./
 echo
 echo "== The turn's commit alone against a single-row commit (BenchmarkTurnCommit, scratch tenant databases)"
 go test -run '^$' -bench '^BenchmarkTurnCommit$' -benchtime "${N}x" -count 1 -timeout 30m -v ./brain/internal/store/ |
-	grep -E 'p50_us|×|^(ok|FAIL)' | tee -a "$OUT/go.txt"
+	grep -E 'p50_us|×|WAL flush|^(ok|FAIL)' | tee -a "$OUT/go.txt"
 echo
 echo "== Where a turn's CPU goes: brain, edge and load client as processes of their own (BenchmarkTurnCPU, N=$N)"
 for sync in 0 1; do
