@@ -22,7 +22,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,6 +101,14 @@ func (bs *benchStack) start(b *testing.B) {
 	bs.s.startBrain("bench-1", func(c *brain.Config) {
 		c.RegistryRefresh = 0 // the default (30s), not the harness's 1s
 		c.EventRetryBase, c.EventRetryMax = time.Hour, time.Hour
+		// One tenant's limits, to measure what they cost a single busy
+		// tenant (BENCHMARKS.md); the brain's defaults otherwise.
+		if v, _ := strconv.Atoi(os.Getenv("BENCH_TENANT_WORKERS")); v > 0 {
+			c.TenantWorkers = v
+		}
+		if v, _ := strconv.Atoi(os.Getenv("BENCH_DB_CONNS_PER_TENANT")); v > 0 {
+			c.DBConnsPerTenant = int32(v)
+		}
 	})
 	bs.edge = bs.s.startEdge(bs.tn, nil)
 }

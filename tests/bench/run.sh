@@ -16,6 +16,10 @@
 #                           GOMAXPROCS of BenchmarkTurnCPU's processes (Go's
 #                           default when unset; compose runs the edge and
 #                           the brain at 1)
+#   BENCH_TENANT_WORKERS, BENCH_DB_CONNS_PER_TENANT
+#                           the brain's limits for the benchmark's tenant in
+#                           the one-process benchmarks (the brain's defaults,
+#                           4 and 4, when unset)
 #
 # Not part of `make test` or CI: it needs no Node, but uses it when present.
 set -euo pipefail
@@ -46,6 +50,7 @@ fi
 	fi
 	echo "load:     $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) (1/5/15 min, before the run)"
 	echo "GOMAXPROCS of BenchmarkTurnCPU's processes: edge ${BENCH_GOMAXPROCS_EDGE:-default}, brain ${BENCH_GOMAXPROCS_BRAIN:-default}, load ${BENCH_GOMAXPROCS_LOAD:-default}, test process (NATS) ${BENCH_GOMAXPROCS_NATS:-default}"
+	echo "the tenant's limits in the one-process benchmarks: workers ${BENCH_TENANT_WORKERS:-default}, connections ${BENCH_DB_CONNS_PER_TENANT:-default}"
 } | tee "$OUT/machine.txt"
 
 echo
