@@ -159,7 +159,7 @@ func BenchmarkTurnCPU(b *testing.B) {
 	edge.Env = append(os.Environ(), "EDGE_NATS_URL="+ecfg.NATSURL, "EDGE_NATS_CREDS="+ecfg.CredsFile, "EDGE_TOKEN="+ecfg.Token,
 		"EDGE_ADDR="+edgeAddr, "EDGE_TENANT_ID=cpu", "EDGE_LOG_LEVEL="+logLevel,
 		"EDGE_WEBHOOK_URL=http://"+hookAddr+"/webhook/brain-events", "EDGE_WEBHOOK_SECRET=bench-webhook-secret-0123456789")
-	edge.Env = append(edge.Env, maxProcsEnv("EDGE")...)
+	edge.Env = append(edge.Env, maxProcsEnv("EDGE")...) // last, so that it wins over the environment's GOMAXPROCS
 	if err := edge.Start(); err != nil {
 		b.Fatal(err)
 	}

@@ -22,9 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,12 +101,8 @@ func (bs *benchStack) start(b *testing.B) {
 		c.EventRetryBase, c.EventRetryMax = time.Hour, time.Hour
 		// One tenant's limits, to measure what they cost a single busy
 		// tenant (BENCHMARKS.md); the brain's defaults otherwise.
-		if v, _ := strconv.Atoi(os.Getenv("BENCH_TENANT_WORKERS")); v > 0 {
-			c.TenantWorkers = v
-		}
-		if v, _ := strconv.Atoi(os.Getenv("BENCH_DB_CONNS_PER_TENANT")); v > 0 {
-			c.DBConnsPerTenant = int32(v)
-		}
+		c.TenantWorkers = envInt("BENCH_TENANT_WORKERS", c.TenantWorkers)
+		c.DBConnsPerTenant = int32(envInt("BENCH_DB_CONNS_PER_TENANT", int(c.DBConnsPerTenant)))
 	})
 	bs.edge = bs.s.startEdge(bs.tn, nil)
 }
