@@ -47,10 +47,10 @@ type Config struct {
 	// (at least 1).
 	TenantWorkers int
 	// DBConnsPerTenant and DBMaxConns bound tenant database connections:
-	// each open tenant pool counts its full size against the cap, so the
-	// cap must be at least one pool. BRAIN_DB_CONNS_PER_TENANT (default 4),
-	// BRAIN_DB_MAX_CONNS (default 64). The registry reader's pool (4) is
-	// outside the cap.
+	// each tenant's pool, and the connections of every pool together (the
+	// cap counts connections, not pools, so it must be at least one full
+	// pool). BRAIN_DB_CONNS_PER_TENANT (default 4), BRAIN_DB_MAX_CONNS
+	// (default 64). The registry reader's pool (4) is outside the cap.
 	DBConnsPerTenant int32
 	DBMaxConns       int
 	// DBIdleTimeout closes a tenant's pool idle that long, so an idle tenant
@@ -194,7 +194,7 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("BRAIN_DB_CONNS_PER_TENANT must be at least 1, got %d", c.DBConnsPerTenant))
 	} else if c.DBMaxConns < int(c.DBConnsPerTenant) {
 		errs = append(errs, fmt.Errorf("BRAIN_DB_MAX_CONNS (%d) must be at least BRAIN_DB_CONNS_PER_TENANT (%d): "+
-			"the cap counts every open tenant pool at its full size, so no pool could ever open", c.DBMaxConns, c.DBConnsPerTenant))
+			"one busy tenant's pool could never reach its size", c.DBMaxConns, c.DBConnsPerTenant))
 	}
 	if c.Model.URL != "" {
 		if _, err := model.ParseURL(c.Model.URL); err != nil {

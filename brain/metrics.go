@@ -55,6 +55,7 @@ func (b *brain) newMetrics() *prometheus.Registry {
 		{"brain_db_pools_open", "Tenant database pools open on this replica (idle ones are closed).", func(s tenancy.PoolStats) int { return s.Pools }},
 		{"brain_db_conns", "Tenant database connections of this replica, idle or in use (at most BRAIN_DB_MAX_CONNS).", func(s tenancy.PoolStats) int { return s.Conns }},
 		{"brain_db_conns_in_use", "Tenant database connections of this replica in use.", func(s tenancy.PoolStats) int { return s.Acquired }},
+		{"brain_db_conns_waiting", "Tenant database connections waiting for a place under BRAIN_DB_MAX_CONNS (above zero for long: raise the cap).", func(s tenancy.PoolStats) int { return s.Waiting }},
 	} {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help},
 			func() float64 { return float64(g.v(b.dir.Stats())) }))

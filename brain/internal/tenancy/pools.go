@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,14 +24,25 @@ import (
 // while held (its registry entry changed) is closed when its last lease
 // ends.
 //
-// The cap counts slots, PerTenantConns per pool, from the moment a pool is
-// opened until its Close has returned (every connection closed), so a pool
-// being closed still counts and a new one cannot overlap it: the tenant
-// connections of a replica never exceed MaxConns.
+// The cap counts connections, not pools. Opening a pool costs nothing (a
+// pgxpool connects on demand); each connection takes one of MaxConns
+// places before it is dialled and gives it back when its socket is closed,
+// so the tenant connections of a replica never exceed MaxConns, however
+// many pools are open and however each pool grows within PerTenantConns.
+// So many tenants can keep one idle connection each while a busy one uses
+// its whole pool. A connection that finds every place taken makes room: it
+// closes the least recently used pool nobody holds (its connections are
+// idle), and while it waits, every connection given back to any pool is
+// closed instead of kept idle, until it has its place or its connect
+// timeout ends (ErrAtCapacity).
 
-// ErrAtCapacity means every tenant connection slot is held by a pool in
-// use, and none was freed before the caller's deadline; retry later.
+// ErrAtCapacity means every tenant connection the cap allows is open and
+// none was freed within the connect timeout; retry later.
 var ErrAtCapacity = errors.New("tenant connection cap reached")
+
+// connectTimeout bounds a tenant connection's whole connect, the wait for a
+// place under the cap included.
+const connectTimeout = 5 * time.Second
 
 type tenantPool struct {
 	id       registry.TenantID
@@ -44,14 +57,15 @@ type tenantPool struct {
 	retired bool
 }
 
-// poolSet is the directory's pools and slots, guarded by Directory.mu.
+// poolSet is the directory's pools and connection places, guarded by
+// Directory.mu (waiting, read without it, is changed under it).
 type poolSet struct {
 	open     map[registry.TenantID]*tenantPool // each tenant's current pool
 	retiring map[*tenantPool]struct{}          // retired, still leased
-	slots    int                               // held by pools not yet closed
+	conns    int                               // places held: connections dialled and not yet closed
 	freeing  int                               // of those, held by pools being closed
-	waiters  int                               // leases waiting for a slot
-	freed    chan struct{}                     // closed (and replaced) when a slot may be had
+	waiting  atomic.Int32                      // connections waiting for a place
+	freed    chan struct{}                     // closed (and replaced) when a place may be had
 	closing  sync.WaitGroup
 	closed   bool // Directory.Close: no pool opens any more
 }
@@ -64,9 +78,7 @@ func newPoolSet() *poolSet {
 }
 
 // Lease returns t's pool, opening it if needed, held open for the caller
-// until release is called (once, after the caller's last statement). When
-// every slot under the cap is held by a pool in use, it waits for one to be
-// freed (an idle pool is closed to make room) until ctx ends: ErrAtCapacity.
+// until release is called (once, after the caller's last statement).
 func (d *Directory) Lease(ctx context.Context, t *registry.Tenant) (pool *pgxpool.Pool, release func(), err error) {
 	tp, _, err := d.lease(ctx, t)
 	if err != nil {
@@ -90,62 +102,30 @@ func (d *Directory) Visit(ctx context.Context, t *registry.Tenant, fn func(*pgxp
 	return fn(tp.pool)
 }
 
-func (d *Directory) lease(ctx context.Context, t *registry.Tenant) (*tenantPool, bool, error) {
-	for {
-		d.mu.Lock()
-		tp, wait, err := d.leaseLocked(ctx, t)
-		opened := tp != nil && tp.leased == 1
-		if wait != nil {
-			d.pools.waiters++
-		}
-		d.mu.Unlock()
-		if wait == nil {
-			return tp, opened, err
-		}
-		select {
-		case <-ctx.Done():
-		case <-wait:
-		}
-		d.mu.Lock()
-		d.pools.waiters--
-		d.mu.Unlock()
-		if ctx.Err() != nil {
-			return nil, false, fmt.Errorf("open pool for tenant %s: %w", t.ID, ErrAtCapacity)
-		}
-	}
-}
-
-// leaseLocked leases t's pool, or returns a channel to wait on for a slot.
-func (d *Directory) leaseLocked(ctx context.Context, t *registry.Tenant) (*tenantPool, <-chan struct{}, error) {
+// lease leases t's pool; opened reports whether this lease opened it.
+func (d *Directory) lease(ctx context.Context, t *registry.Tenant) (tp *tenantPool, opened bool, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	ps := d.pools
 	if ps.closed {
-		return nil, nil, errClosed
+		return nil, false, errClosed
 	}
 	if tp, ok := ps.open[t.ID]; ok {
 		if sameDB(tp.db, t.DB) {
 			tp.leases++
 			tp.leased++
 			tp.lastUsed = time.Now()
-			return tp, nil, nil
+			return tp, false, nil
 		}
 		d.retireLocked(tp)
 	}
-	per := int(d.cfg.PerTenantConns)
-	for ps.slots+per > d.cfg.MaxConns {
-		// Pools already closing free enough: wait for them rather than
-		// closing more.
-		if ps.slots-ps.freeing+per <= d.cfg.MaxConns || !d.evictIdleLocked() {
-			return nil, ps.freed, nil
-		}
-	}
 	pool, err := d.newPool(ctx, t)
 	if err != nil {
-		return nil, nil, err
+		return nil, false, err
 	}
-	tp := &tenantPool{id: t.ID, pool: pool, db: t.DB, lastUsed: time.Now(), leases: 1, leased: 1}
+	tp = &tenantPool{id: t.ID, pool: pool, db: t.DB, lastUsed: time.Now(), leases: 1, leased: 1}
 	ps.open[t.ID] = tp
-	ps.slots += per
-	return tp, nil, nil
+	return tp, true, nil
 }
 
 // release ends a lease. closeUnshared (a visit that opened the pool)
@@ -164,8 +144,8 @@ func (d *Directory) release(tp *tenantPool, closeUnshared bool) {
 		d.closeLocked(tp)
 	case closeUnshared && tp.leased == 1:
 		d.retireLocked(tp)
-	case d.pools.waiters > 0:
-		// Now idle: a waiting lease may close it to make room.
+	case d.pools.waiting.Load() > 0:
+		// Now idle: a waiting connection may close it to make room.
 		d.signalLocked()
 	}
 }
@@ -188,16 +168,15 @@ func (d *Directory) retireLocked(tp *tenantPool) {
 }
 
 // closeLocked closes tp without holding the lock (closing sends each
-// connection a goodbye); its slots are free once every connection is closed.
+// connection a goodbye); each connection gives its place back as its
+// socket closes.
 func (d *Directory) closeLocked(tp *tenantPool) {
-	per := int(d.cfg.PerTenantConns)
-	d.pools.freeing += per
+	n := int(tp.pool.Stat().TotalConns())
+	d.pools.freeing += n
 	d.pools.closing.Go(func() {
 		tp.pool.Close()
 		d.mu.Lock()
-		d.pools.slots -= per
-		d.pools.freeing -= per
-		d.signalLocked()
+		d.pools.freeing -= n
 		d.mu.Unlock()
 	})
 }
@@ -207,23 +186,125 @@ func (d *Directory) signalLocked() {
 	d.pools.freed = make(chan struct{})
 }
 
-// evictIdleLocked retires the least recently used pool that nobody holds.
-// It reports whether one was found.
-func (d *Directory) evictIdleLocked() bool {
-	var victim *tenantPool
+// takeConn takes a place under the cap for a connection about to be
+// dialled, making room or waiting for it until ctx ends (ErrAtCapacity).
+func (d *Directory) takeConn(ctx context.Context) error {
+	ps := d.pools
+	for {
+		d.mu.Lock()
+		if ps.closed {
+			d.mu.Unlock()
+			return errClosed
+		}
+		if ps.conns < d.cfg.MaxConns {
+			ps.conns++
+			d.mu.Unlock()
+			return nil
+		}
+		var idleIn *pgxpool.Pool
+		if ps.freeing <= int(ps.waiting.Load()) {
+			// Unless pools already closing free enough for every
+			// connection waiting, make room.
+			idleIn = d.makeRoomLocked()
+		}
+		freed := ps.freed
+		ps.waiting.Add(1)
+		d.mu.Unlock()
+		if idleIn != nil {
+			closeOneIdle(ctx, idleIn)
+		}
+		select {
+		case <-ctx.Done():
+		case <-freed:
+		case <-time.After(roomPoll):
+		}
+		ps.waiting.Add(-1)
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w (%d connections)", ErrAtCapacity, d.cfg.MaxConns)
+		}
+	}
+}
+
+// roomPoll is how often a connection waiting for a place looks again for
+// an idle connection to close: a connection given back to a pool in use
+// signals nobody.
+const roomPoll = 20 * time.Millisecond
+
+// giveConn gives back a connection's place.
+func (d *Directory) giveConn() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.pools.conns--
+	if d.pools.waiting.Load() > 0 {
+		d.signalLocked()
+	}
+}
+
+// dial is every tenant connection's dial function: the connection holds a
+// place under the cap from before it is dialled until its socket is closed.
+func (d *Directory) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if err := d.takeConn(ctx); err != nil {
+		return nil, err
+	}
+	var dialer net.Dialer
+	c, err := dialer.DialContext(ctx, network, addr)
+	if err != nil {
+		d.giveConn()
+		return nil, err
+	}
+	return &placedConn{Conn: c, give: sync.OnceFunc(d.giveConn)}, nil
+}
+
+// placedConn gives its place under the cap back when it is first closed.
+type placedConn struct {
+	net.Conn
+	give func()
+}
+
+func (c *placedConn) Close() error {
+	err := c.Conn.Close()
+	c.give()
+	return err
+}
+
+// makeRoomLocked closes the least recently used pool that nobody holds
+// and that has connections; when every such pool is held, it returns the
+// least recently used pool with an idle connection, for the caller to close
+// one of them without the lock (nil when there is none).
+func (d *Directory) makeRoomLocked() (idleIn *pgxpool.Pool) {
+	var victim, idle *tenantPool
 	for _, tp := range d.pools.open {
-		if tp.leases > 0 || tp.pool.Stat().AcquiredConns() > 0 {
+		st := tp.pool.Stat()
+		if st.IdleConns() > 0 && (idle == nil || tp.lastUsed.Before(idle.lastUsed)) {
+			idle = tp
+		}
+		if tp.leases > 0 || st.AcquiredConns() > 0 || st.TotalConns() == 0 {
 			continue
 		}
 		if victim == nil || tp.lastUsed.Before(victim.lastUsed) {
 			victim = tp
 		}
 	}
-	if victim == nil {
-		return false
+	if victim != nil {
+		d.retireLocked(victim)
+		return nil
 	}
-	d.retireLocked(victim)
-	return true
+	if idle != nil {
+		return idle.pool
+	}
+	return nil
+}
+
+// closeOneIdle closes one of pool's idle connections, if it still has one.
+func closeOneIdle(ctx context.Context, pool *pgxpool.Pool) {
+	conns := pool.AcquireAllIdle(ctx)
+	if len(conns) == 0 {
+		return
+	}
+	conns[0].Hijack().Close(ctx)
+	for _, c := range conns[1:] {
+		c.Release()
+	}
 }
 
 // closeIdlePools retires the pools nobody held for IdleTimeout.
@@ -251,7 +332,8 @@ func (d *Directory) newPool(ctx context.Context, t *registry.Tenant) (*pgxpool.P
 	pc.ConnConfig.Database = t.DB.Name
 	pc.ConnConfig.User = t.DB.User
 	pc.ConnConfig.Password = string(password)
-	pc.ConnConfig.ConnectTimeout = 5 * time.Second
+	pc.ConnConfig.ConnectTimeout = connectTimeout
+	pc.ConnConfig.DialFunc = d.dial
 	pc.ConnConfig.RuntimeParams["application_name"] = "brain"
 	pc.ConnConfig.RuntimeParams["statement_timeout"] = "10000"
 	// A role may set its own defaults (ALTER ROLE CURRENT_USER SET …);
@@ -284,25 +366,21 @@ func sameDB(a, b registry.DBConfig) bool {
 // PoolStats is the tenant pools' use on this replica.
 type PoolStats struct {
 	Pools    int // open tenant pools (retired ones still in use included)
-	Conns    int // their connections, idle or in use
+	Conns    int // their connections, idle or in use: the places held under the cap
 	Acquired int // their connections in use
+	Waiting  int // connections waiting for a place under the cap
 }
 
 // Stats returns the tenant pools' use.
 func (d *Directory) Stats() PoolStats {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	st := PoolStats{Pools: len(d.pools.open) + len(d.pools.retiring)}
-	add := func(tp *tenantPool) {
-		ps := tp.pool.Stat()
-		st.Conns += int(ps.TotalConns())
-		st.Acquired += int(ps.AcquiredConns())
-	}
+	st := PoolStats{Pools: len(d.pools.open) + len(d.pools.retiring), Conns: d.pools.conns, Waiting: int(d.pools.waiting.Load())}
 	for _, tp := range d.pools.open {
-		add(tp)
+		st.Acquired += int(tp.pool.Stat().AcquiredConns())
 	}
 	for tp := range d.pools.retiring {
-		add(tp)
+		st.Acquired += int(tp.pool.Stat().AcquiredConns())
 	}
 	return st
 }

@@ -3,7 +3,10 @@ package tenancy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,9 +15,10 @@ import (
 	"n8nbrain/registry"
 )
 
-// The leases and slots on their own: a pgxpool connects on its first
-// acquire, so these pools never reach a server (the whole-system tests in
-// tests/pools_test.go run the same rules against Postgres).
+// The leases and the cap's places on their own: a pgxpool connects on its
+// first acquire, so these pools never reach a server, and the cap is tried
+// with plain sockets (the whole-system tests in tests/pools_test.go run the
+// same rules against Postgres, eviction included).
 
 func testDirectory(t *testing.T, perTenant int32, maxConns int) (*Directory, func(id string) *registry.Tenant) {
 	t.Helper()
@@ -40,121 +44,108 @@ func testDirectory(t *testing.T, perTenant int32, maxConns int) (*Directory, fun
 	return d, tenant
 }
 
-// state returns the open pool of id (nil when none) and the slots held:
-// a pool's slots are given back only once its Close has returned.
-func state(d *Directory, id registry.TenantID) (*tenantPool, int) {
+// places returns the places held under the cap.
+func places(d *Directory) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.pools.open[id], d.pools.slots
+	return d.pools.conns
 }
 
-func TestLeasedPoolIsNotEvicted(t *testing.T) {
+// Opening a pool takes no place under the cap: pools connect on demand.
+func TestPoolsTakeNoPlace(t *testing.T) {
 	t.Parallel()
-	d, tenant := testDirectory(t, 4, 8) // room for two pools
-	a, b, c := tenant("a"), tenant("b"), tenant("c")
+	d, tenant := testDirectory(t, 4, 4) // room for one full pool
 	ctx := context.Background()
-	_, releaseA, err := d.Lease(ctx, a)
+	for i := range 10 {
+		_, release, err := d.Lease(ctx, tenant(fmt.Sprintf("t%d", i)))
+		if err != nil {
+			t.Fatalf("pool %d: %v", i, err)
+		}
+		defer release()
+	}
+	if n, st := places(d), d.Stats(); n != 0 || st.Pools != 10 {
+		t.Fatalf("%d places held by %d pools that never connected; want 0 and 10", n, st.Pools)
+	}
+}
+
+// The cap counts sockets: each dialled connection holds a place until it
+// is closed (once, however often Close is called), and a connection that
+// finds none waits for one, until its deadline: ErrAtCapacity.
+func TestCapCountsConnections(t *testing.T) {
+	t.Parallel()
+	d, _ := testDirectory(t, 1, 2)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, releaseB, err := d.Lease(ctx, b)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	ctx := context.Background()
+	addr := ln.Addr().String()
+	a, err := d.dial(ctx, "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.dial(ctx, "tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	if _, _, err := d.Lease(short, c); !errors.Is(err, ErrAtCapacity) {
-		t.Fatalf("a third pool while two are leased: %v, want ErrAtCapacity", err)
+	if _, err := d.dial(short, "tcp", addr); !errors.Is(err, ErrAtCapacity) {
+		t.Fatalf("a third connection under a cap of two: %v, want ErrAtCapacity", err)
 	}
-	// A lease waiting for room gets it when a holder lets go.
+	if n := places(d); n != 2 {
+		t.Fatalf("%d places held after a refused connection, want 2", n)
+	}
 	got := make(chan error, 1)
 	go func() {
-		_, releaseC, err := d.Lease(ctx, c)
+		c, err := d.dial(ctx, "tcp", addr)
 		if err == nil {
-			releaseC()
+			err = c.Close()
 		}
 		got <- err
 	}()
-	releaseA()
+	// The waiting connection is counted, and gets the place a closed one
+	// gives back.
+	for d.Stats().Waiting != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	a.Close()
+	a.Close() // a second close gives nothing back
 	select {
 	case err := <-got:
 		if err != nil {
 			t.Fatal(err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the waiting lease never got the room a released pool left")
+		t.Fatal("the waiting connection never got the place a closed one gave back")
 	}
-	d.pools.closing.Wait()
-	if tp, slots := state(d, "a"); tp != nil || slots != 8 {
-		t.Fatalf("a's pool open %v, %d slots held; want a's closed and b's and c's 8", tp != nil, slots)
+	if n := places(d); n != 1 {
+		t.Fatalf("%d places held with one connection open, want 1", n)
 	}
-	releaseB()
-	releaseB() // a second call is harmless
-	tp, _ := state(d, "b")
-	if tp == nil {
-		t.Fatal("b's pool was closed while leased")
-	}
-	d.mu.Lock()
-	leases := tp.leases
-	d.mu.Unlock()
-	if leases != 0 {
-		t.Fatalf("b's pool has %d leases after its release", leases)
-	}
-}
-
-// Making room closes the least recently used idle pool, and only as many
-// as the new pool needs.
-func TestEvictionClosesOnlyWhatItNeeds(t *testing.T) {
-	t.Parallel()
-	d, tenant := testDirectory(t, 4, 8) // room for two pools
-	ctx := context.Background()
-	for _, id := range []string{"a", "b"} {
-		_, release, err := d.Lease(ctx, tenant(id))
-		if err != nil {
-			t.Fatal(err)
-		}
-		release()
-	}
-	_, release, err := d.Lease(ctx, tenant("c"))
+	b.Close()
+	// A refused dial gives its place back at once.
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer release()
-	d.pools.closing.Wait()
-	if a, _ := state(d, "a"); a != nil {
-		t.Fatal("a's pool, the least recently used, is still open")
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	if _, err := d.dial(ctx, "tcp", deadAddr); err == nil {
+		t.Fatal("dialled a closed port")
 	}
-	if b, slots := state(d, "b"); b == nil || slots != 8 {
-		t.Fatalf("b's pool open %v, %d slots held: making room for one pool closed two", b != nil, slots)
+	if n := places(d); n != 0 {
+		t.Fatalf("%d places held with no connection open, want 0", n)
 	}
-}
-
-func TestClosingPoolHoldsItsSlots(t *testing.T) {
-	t.Parallel()
-	d, tenant := testDirectory(t, 4, 4) // room for one pool
-	ctx := context.Background()
-	_, releaseA, err := d.Lease(ctx, tenant("a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	releaseA()
-	d.mu.Lock()
-	// a's pool is idle: b's lease retires it, and must wait for its close.
-	_, wait, err := d.leaseLocked(ctx, tenant("b"))
-	slots, freeing := d.pools.slots, d.pools.freeing
-	d.mu.Unlock()
-	if err != nil || wait == nil {
-		t.Fatalf("b's pool opened before a's was closed (err %v)", err)
-	}
-	if slots != 4 || freeing != 4 {
-		t.Fatalf("slots %d, freeing %d while a's pool closes; want 4 and 4", slots, freeing)
-	}
-	<-wait
-	_, releaseB, err := d.Lease(ctx, tenant("b"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	releaseB()
 }
 
 func TestVisitClosesWhatItOpened(t *testing.T) {
@@ -197,9 +188,6 @@ func TestVisitClosesWhatItOpened(t *testing.T) {
 	if _, ok := d.pools.open["late"]; !ok {
 		t.Fatal("the visit closed a pool someone else used meanwhile")
 	}
-	if d.pools.slots != 8 {
-		t.Fatalf("%d slots held by two pools of 4", d.pools.slots)
-	}
 }
 
 func TestRetiredPoolClosesWithItsLastLease(t *testing.T) {
@@ -211,7 +199,9 @@ func TestRetiredPoolClosesWithItsLastLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old, _ := state(d, "a")
+	d.mu.Lock()
+	old := d.pools.open["a"]
+	d.mu.Unlock()
 	// The tenant's database details change (a password rotation): a new
 	// pool, while the old one stays with its holder.
 	moved := tenant("a")
@@ -221,13 +211,22 @@ func TestRetiredPoolClosesWithItsLastLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer releaseNew()
-	d.pools.closing.Wait()
-	if cur, slots := state(d, "a"); cur == old || slots != 8 {
-		t.Fatalf("new pool %v, %d slots held; want the new pool and both pools' 8", cur != old, slots)
+	d.mu.Lock()
+	cur, retiring := d.pools.open["a"], len(d.pools.retiring)
+	d.mu.Unlock()
+	if cur == old || retiring != 1 {
+		t.Fatalf("new pool %v, %d pools retiring; want the new pool, and the old one retiring while leased", cur != old, retiring)
 	}
 	release()
 	d.pools.closing.Wait()
-	if _, slots := state(d, "a"); slots != 4 {
-		t.Fatalf("%d slots held after the old pool's last lease, want the new pool's 4", slots)
+	d.mu.Lock()
+	retiring = len(d.pools.retiring)
+	d.mu.Unlock()
+	if retiring != 0 {
+		t.Fatal("the old pool is still retiring after its last lease")
+	}
+	// (Its server never existed: only a closed pool says so without dialling.)
+	if err := old.pool.Ping(ctx); err == nil || !strings.Contains(err.Error(), "closed pool") {
+		t.Fatalf("the old pool after its last lease: %v, want it closed", err)
 	}
 }

@@ -2,8 +2,8 @@
 // connection pool on its own database with its own role. The registry is the
 // source of truth at each request: it is held in memory and reloaded when
 // Postgres notifies a change (and on a slow timer as a safety net), so a
-// change applies within moments. Pools are small, bounded per tenant and
-// under a global cap, leased for each piece of work (never closed under
+// change applies within moments. Pools are small, bounded per tenant, their
+// connections together under a global cap, leased for each piece of work (never closed under
 // it), closed when idle for long or when the tenant's connection details
 // change. Credentials are unsealed in memory only.
 package tenancy
@@ -31,10 +31,10 @@ type Config struct {
 	Sealer      *registry.Sealer
 	// PerTenantConns bounds each tenant's pool. Default 4.
 	PerTenantConns int32
-	// MaxConns is the global cap on tenant connections: each open pool
-	// holds PerTenantConns of it until the pool is closed, so MaxConns must
-	// be at least PerTenantConns. Default 64. The registry reader's own
-	// pool (registryConns) is outside it.
+	// MaxConns is the global cap on tenant connections, counted in
+	// connections (pools.go): at least PerTenantConns, so that a busy
+	// tenant's pool can reach its size. Default 64. The registry reader's
+	// own pool (registryConns) is outside it.
 	MaxConns int
 	// IdleTimeout closes idle connections and, after it, idle pools: an idle
 	// tenant holds no connection. Default 2m.
