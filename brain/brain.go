@@ -295,7 +295,8 @@ func (b *brain) reconcile(ctx context.Context) {
 }
 
 // visitTimeout bounds one tenant's visit by the reconciliation pass, at
-// least (a replica at its connection cap waits for a slot).
+// least (a replica at its connection cap waits for a place, up to the
+// connect timeout at each connection).
 const visitTimeout = 30 * time.Second
 
 func (b *brain) visit(ctx context.Context, t *registry.Tenant, timeout time.Duration) {
