@@ -32,9 +32,9 @@ import (
 // So many tenants can keep one idle connection each while a busy one uses
 // its whole pool. A connection that finds every place taken makes room: it
 // closes the least recently used pool nobody holds (its connections are
-// idle), and while it waits, every connection given back to any pool is
-// closed instead of kept idle, until it has its place or its connect
-// timeout ends (ErrAtCapacity).
+// idle) or, when every pool with connections is held, one idle connection
+// of the least recently used of them, and waits until it has its place or
+// its connect timeout ends (ErrAtCapacity).
 
 // ErrAtCapacity means every tenant connection the cap allows is open and
 // none was freed within the connect timeout; retry later.
