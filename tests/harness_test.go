@@ -127,6 +127,23 @@ func (s *system) tenant(sp provision.TenantSpec) *devstack.Tenant {
 	return tn
 }
 
+// startOpsBrain is startBrain with the replica's ops endpoints on a port
+// of their own; it also returns their base URL (for /metrics).
+func (s *system) startOpsBrain(replica string, mutate func(*brain.Config)) (stop func(), ops string) {
+	s.t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	stop = s.startBrain(replica, func(c *brain.Config) {
+		c.OpsListener = ln
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	return stop, "http://" + ln.Addr().String()
+}
+
 // startBrain runs a brain replica until the returned stop is called (or
 // the test ends).
 func (s *system) startBrain(replica string, mutate func(*brain.Config)) (stop func()) {
@@ -260,6 +277,14 @@ func quoteEmail(id string) *wire.TurnSubmitRequest {
 	return &wire.TurnSubmitRequest{WorkItemID: id, Turn: 1, Email: &wire.Email{
 		MessageID: id, From: "Jo Bloggs <jo@customer.example>", Subject: "Quote for a new deck please",
 		Body: "Hi, could you quote for a 20m2 hardwood deck? Thanks, Jo"}}
+}
+
+// closedInvoice is turn 1 of an invoice, closed by its rule: it leaves
+// nothing pending (no approval, no event to deliver).
+func closedInvoice(id string) *wire.TurnSubmitRequest {
+	req := quoteEmail(id)
+	req.Email.Subject = "Invoice 1042"
+	return req
 }
 
 // tenantDB is a connection to the tenant's database as the admin, for

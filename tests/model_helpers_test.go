@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -30,18 +29,12 @@ const testModel = "test-model:1b"
 // retry and timeouts; it returns the stop func and the ops base URL.
 func (s *system) startModelBrain(replica string, fake *ollamafake.Server, mutate func(*brain.Config)) (stop func(), ops string) {
 	s.t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	stop = s.startBrain(replica, func(c *brain.Config) {
-		c.OpsListener = ln
+	return s.startOpsBrain(replica, func(c *brain.Config) {
 		c.Model = brain.ModelConfig{URL: fake.URL(), Name: testModel, Timeout: 5 * time.Second, RetryDelay: 5 * time.Millisecond}
 		if mutate != nil {
 			mutate(c)
 		}
 	})
-	return stop, "http://" + ln.Addr().String()
 }
 
 // breakerOff keeps the circuit breaker closed whatever the model answers:

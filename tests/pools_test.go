@@ -10,7 +10,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -121,9 +120,7 @@ func TestPoolInUseIsNotEvicted(t *testing.T) {
 	t.Cleanup(release)
 	heldSessions := tenantSessions(t, s, []string{held.DB.AppRole})
 	// The held tenant's first turn leaves its pool with the one connection.
-	warm := quoteEmail("<held-0@customer.example>")
-	warm.Email.Subject = "Invoice 1042" // closed by its rule
-	if r := heldEdge.submit(warm); r.Status != http.StatusOK {
+	if r := heldEdge.submit(closedInvoice("<held-0@customer.example>")); r.Status != http.StatusOK {
 		t.Fatalf("the held tenant's first turn: %d %s", r.Status, r.Body)
 	}
 	heldDone := make(chan error, 1)
@@ -186,13 +183,7 @@ func TestEvictionClosesTheLeastRecentlyUsed(t *testing.T) {
 		roles = append(roles, tn.DB.AppRole)
 		edges = append(edges, s.startEdge(tn, nil))
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ops := "http://" + ln.Addr().String()
-	s.startBrain("r1", func(c *brain.Config) {
-		c.OpsListener = ln
+	_, ops := s.startOpsBrain("r1", func(c *brain.Config) {
 		c.DBMaxConns, c.DBConnsPerTenant = 2, 1
 		c.ReconcileInterval = time.Hour
 	})
@@ -200,13 +191,8 @@ func TestEvictionClosesTheLeastRecentlyUsed(t *testing.T) {
 	for i := range tns {
 		sessionsOf[i] = tenantSessions(t, s, roles[i:i+1])
 	}
-	invoice := func(id string) *wire.TurnSubmitRequest {
-		req := quoteEmail(id)
-		req.Email.Subject = "Invoice 1042" // closed by its rule: nothing pending after
-		return req
-	}
 	for i := range 2 {
-		if r := edges[i].submit(invoice(fmt.Sprintf("<lru-%d@x>", i))); r.Status != http.StatusOK {
+		if r := edges[i].submit(closedInvoice(fmt.Sprintf("<lru-%d@x>", i))); r.Status != http.StatusOK {
 			t.Fatalf("tenant %d: %d %s", i, r.Status, r.Body)
 		}
 		eventually(t, 10*time.Second, "the turn's connection to stay open", func() bool {
@@ -214,7 +200,7 @@ func TestEvictionClosesTheLeastRecentlyUsed(t *testing.T) {
 			return n == 1
 		})
 	}
-	if r := edges[2].submit(invoice("<lru-2@x>")); r.Status != http.StatusOK {
+	if r := edges[2].submit(closedInvoice("<lru-2@x>")); r.Status != http.StatusOK {
 		t.Fatalf("the third tenant: %d %s", r.Status, r.Body)
 	}
 	eventually(t, 10*time.Second, "the least recently used pool's connection to close", func() bool {
@@ -252,13 +238,7 @@ func TestConnectionCapHolds(t *testing.T) {
 		roles = append(roles, tn.DB.AppRole)
 		edges = append(edges, s.startEdge(tn, nil))
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ops := "http://" + ln.Addr().String()
-	s.startBrain("r1", func(c *brain.Config) {
-		c.OpsListener = ln
+	_, ops := s.startOpsBrain("r1", func(c *brain.Config) {
 		c.DBMaxConns, c.DBConnsPerTenant = maxConns, 4
 		c.ReconcileInterval = time.Hour
 	})
@@ -334,24 +314,13 @@ func TestIdlePoolIsClosed(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
 	a := s.tenant(spec("idle-pool"))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ops := "http://" + ln.Addr().String()
-	s.startBrain("r1", func(c *brain.Config) {
-		c.OpsListener = ln
+	_, ops := s.startOpsBrain("r1", func(c *brain.Config) {
 		c.DBIdleTimeout = time.Second
 		c.ReconcileInterval = time.Hour
 	})
 	ea := s.startEdge(a, nil)
 	sessions := tenantSessions(t, s, []string{a.DB.AppRole})
-	invoice := func(id string) *wire.TurnSubmitRequest {
-		req := quoteEmail(id)
-		req.Email.Subject = "Invoice 1042" // closed by its rule: nothing pending after
-		return req
-	}
-	if rep := ea.submit(invoice("<idle-pool-1@x>")).reply(t); rep.Status != wire.WorkItemStatusClosed {
+	if rep := ea.submit(closedInvoice("<idle-pool-1@x>")).reply(t); rep.Status != wire.WorkItemStatusClosed {
 		t.Fatalf("the invoice was not closed by its rule: %+v", rep)
 	}
 	if p := metricValue(t, ops, "brain_db_pools_open"); p != 1 {
@@ -361,7 +330,7 @@ func TestIdlePoolIsClosed(t *testing.T) {
 		n, _ := sessions()
 		return metricValue(t, ops, "brain_db_pools_open") == 0 && metricValue(t, ops, "brain_db_conns") == 0 && n == 0
 	})
-	if rep := ea.submit(invoice("<idle-pool-2@x>")).reply(t); rep.Status != wire.WorkItemStatusClosed {
+	if rep := ea.submit(closedInvoice("<idle-pool-2@x>")).reply(t); rep.Status != wire.WorkItemStatusClosed {
 		t.Fatalf("the turn after the pool was closed: %+v", rep)
 	}
 	assertFirstTry(t, ops)
