@@ -1,16 +1,12 @@
 package provision_test
 
 import (
-	"context"
-	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
-	"n8nbrain/deploy/localpg"
+	"n8nbrain/internal/testdb"
 	"n8nbrain/provision"
 	"n8nbrain/registry"
 )
@@ -49,33 +45,8 @@ func TestRuntimeRolesCannotListTheCluster(t *testing.T) {
 // connect to postgres and template1 and create temporary tables in postgres;
 // after it, neither, while the admin still connects.
 func TestRestrictMaintenanceDatabases(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: skipping a test that initialises a Postgres cluster")
-	}
 	t.Parallel()
-	root, err := os.MkdirTemp("", "restrict-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(root, 0o755); err != nil { // the server's OS user must reach it
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	inst, err := localpg.Ensure(t.Context(), localpg.Config{Dir: filepath.Join(root, "pg"), Port: port})
-	if err != nil {
-		t.Fatalf("start a private cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := inst.Stop(context.Background()); err != nil {
-			t.Errorf("stop the private cluster: %v", err)
-		}
-		os.RemoveAll(root)
-	})
+	inst := testdb.PrivateCluster(t)
 	sealer := must(registry.NewSealer(must(registry.ParseKey(registry.NewKey()))))
 	ops := &provision.Ops{AdminURL: inst.AdminURL(), Sealer: sealer, Reserved: newReserved(t)}
 	readerURL, err := ops.BootstrapRegistry(t.Context(), "reader-password-0123")

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"n8nbrain/brain"
-	"n8nbrain/deploy/localpg"
+	"n8nbrain/internal/testdb"
 	"n8nbrain/migrations"
 	"n8nbrain/provision/admin"
 	"n8nbrain/registry"
@@ -351,10 +349,7 @@ func TestBrainctlSealingKeyRotationWhileTurnsFlow(t *testing.T) {
 // another tenant stay on the first.
 func TestBrainctlTenantsOnTwoClusters(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("-short: skipping a test that initialises a second Postgres cluster")
-	}
-	second := secondCluster(t)
+	second := testdb.PrivateCluster(t)
 	s := newSystem(t)
 	c := s.brainctl()
 	home, away := s.onboard("home"), s.onboard("away")
@@ -421,35 +416,4 @@ func TestBrainctlTenantsOnTwoClusters(t *testing.T) {
 	if n := count(t, secondAdmin("postgres"), `SELECT count(*) FROM pg_database WHERE datname = $1`, ra.Database); n != 0 {
 		t.Fatal("away's database is still on the second cluster")
 	}
-}
-
-// secondCluster starts a Postgres cluster of the test's own, on a free port.
-func secondCluster(t *testing.T) *localpg.Instance {
-	t.Helper()
-	root, err := os.MkdirTemp("", "brainctl-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(root, 0o755); err != nil { // the server's OS user must reach it
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	inst, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(root, "pg"), Port: port})
-	if err != nil {
-		t.Fatalf("second cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := inst.Stop(context.Background()); err != nil {
-			t.Errorf("stop the second cluster: %v", err)
-		}
-		os.RemoveAll(root)
-	})
-	return inst
 }
