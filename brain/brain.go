@@ -72,6 +72,8 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Sealer:         sealer,
 		PerTenantConns: cfg.DBConnsPerTenant,
 		MaxConns:       cfg.DBMaxConns,
+		SSLMode:        cfg.DBSSLMode,
+		SSLRootCert:    cfg.DBSSLRootCert,
 		IdleTimeout:    cfg.DBIdleTimeout,
 		Refresh:        cfg.RegistryRefresh,
 		QueryTracer:    queryTracer,

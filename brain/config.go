@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"n8nbrain/brain/internal/model"
+	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/registry"
 )
 
@@ -53,6 +55,15 @@ type Config struct {
 	// (default 64). The registry reader's pool (4) is outside the cap.
 	DBConnsPerTenant int32
 	DBMaxConns       int
+	// DBSSLMode is how tenant database connections use TLS, as libpq's
+	// sslmode (tenancy.SSLModes). BRAIN_DB_SSLMODE, default prefer: TLS when
+	// the server offers it, unverified. Use verify-full (with
+	// BRAIN_DB_SSLROOTCERT, the CA certificates file; the system's roots
+	// without it) when tenant databases are on other hosts, and disable
+	// for servers without TLS, which spares each new connection the
+	// refused TLS attempt.
+	DBSSLMode     string
+	DBSSLRootCert string
 	// DBIdleTimeout closes a tenant's pool idle that long, so an idle tenant
 	// holds no connection. BRAIN_DB_IDLE_TIMEOUT, default 2m.
 	DBIdleTimeout time.Duration
@@ -196,6 +207,14 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("BRAIN_DB_MAX_CONNS (%d) must be at least BRAIN_DB_CONNS_PER_TENANT (%d): "+
 			"one busy tenant's pool could never reach its size", c.DBMaxConns, c.DBConnsPerTenant))
 	}
+	if c.DBSSLMode != "" && !slices.Contains(tenancy.SSLModes, c.DBSSLMode) {
+		errs = append(errs, fmt.Errorf("BRAIN_DB_SSLMODE must be one of %s, got %q", strings.Join(tenancy.SSLModes, ", "), c.DBSSLMode))
+	}
+	if c.DBSSLRootCert != "" {
+		if _, err := os.Stat(c.DBSSLRootCert); err != nil {
+			errs = append(errs, fmt.Errorf("BRAIN_DB_SSLROOTCERT: %w", err))
+		}
+	}
 	if c.Model.URL != "" {
 		if _, err := model.ParseURL(c.Model.URL); err != nil {
 			errs = append(errs, fmt.Errorf("BRAIN_OLLAMA_URL: %w", err))
@@ -210,11 +229,13 @@ func (c Config) validate() error {
 // ConfigFromEnv reads the configuration from the environment.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	c := Config{
-		NATSURL:     getenv("BRAIN_NATS_URL"),
-		CredsFile:   getenv("BRAIN_NATS_CREDS"),
-		RegistryURL: getenv("BRAIN_REGISTRY_URL"),
-		Replica:     getenv("BRAIN_REPLICA"),
-		OpsAddr:     getenv("BRAIN_OPS_ADDR"),
+		NATSURL:       getenv("BRAIN_NATS_URL"),
+		CredsFile:     getenv("BRAIN_NATS_CREDS"),
+		RegistryURL:   getenv("BRAIN_REGISTRY_URL"),
+		Replica:       getenv("BRAIN_REPLICA"),
+		OpsAddr:       getenv("BRAIN_OPS_ADDR"),
+		DBSSLMode:     strings.TrimSpace(getenv("BRAIN_DB_SSLMODE")),
+		DBSSLRootCert: strings.TrimSpace(getenv("BRAIN_DB_SSLROOTCERT")),
 		Model: ModelConfig{
 			URL:  strings.TrimSpace(getenv("BRAIN_OLLAMA_URL")),
 			Name: strings.TrimSpace(getenv("BRAIN_MODEL")),

@@ -162,3 +162,49 @@ func TestDBConnsConfig(t *testing.T) {
 		})
 	}
 }
+
+func TestDBTLSConfig(t *testing.T) {
+	t.Parallel()
+	base := map[string]string{"BRAIN_NATS_URL": "nats://x", "BRAIN_NATS_CREDS": "c", "BRAIN_REGISTRY_URL": "postgres://x",
+		"BRAIN_SEALING_KEY": strings.Repeat("ab", 32)}
+	ca := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(ca, []byte("not checked here: tenancy.Open parses it"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, mode, rootCert string
+		want                 string // in the error; empty: valid
+	}{
+		{"Default", "", "", ""},
+		{"VerifyFull", "verify-full", ca, ""},
+		{"Disable", " disable ", "", ""},
+		{"UnknownMode", "on", "", `BRAIN_DB_SSLMODE must be one of disable, allow, prefer, require, verify-ca, verify-full, got "on"`},
+		{"MissingRootCert", "verify-full", "/nonexistent/ca.crt", "BRAIN_DB_SSLROOTCERT: stat /nonexistent/ca.crt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{"BRAIN_DB_SSLMODE": tc.mode, "BRAIN_DB_SSLROOTCERT": tc.rootCert}
+			c, err := ConfigFromEnv(func(k string) string {
+				if v, ok := env[k]; ok {
+					return v
+				}
+				return base[k]
+			})
+			if err == nil {
+				err = c.withDefaults().validate()
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.DBSSLMode != strings.TrimSpace(tc.mode) || c.DBSSLRootCert != tc.rootCert {
+					t.Fatalf("sslmode %q, root %q; want %q and %q", c.DBSSLMode, c.DBSSLRootCert, tc.mode, tc.rootCert)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+}

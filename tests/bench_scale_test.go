@@ -87,7 +87,7 @@ func startBrainBinary(b *testing.B, s *system, bin, replica string, extraEnv ...
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "BRAIN_NATS_URL="+cfg.NATSURL, "BRAIN_NATS_CREDS="+cfg.CredsFile,
 		"BRAIN_REGISTRY_URL="+cfg.RegistryURL, "BRAIN_SEALING_KEY_FILE="+keyFile, "BRAIN_REPLICA="+replica,
-		"BRAIN_OPS_ADDR="+addr, "BRAIN_LOG_LEVEL=warn")
+		"BRAIN_OPS_ADDR="+addr, "BRAIN_LOG_LEVEL=warn", "BRAIN_DB_SSLMODE="+cfg.DBSSLMode)
 	cmd.Env = append(cmd.Env, extraEnv...)
 	logf, err := os.Create(filepath.Join(b.TempDir(), "brain.log"))
 	if err != nil {

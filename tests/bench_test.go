@@ -145,20 +145,20 @@ func (bs *benchStack) purgeTurns(b *testing.B) {
 
 // tenantPool is a pool on the tenant database with the tenant's own role,
 // configured as the brain configures its tenant pools
-// (brain/internal/tenancy): sslmode=prefer, the default statement cache,
-// application_name, statement_timeout, 4 connections.
+// (brain/internal/tenancy) in the test stack: the stack's sslmode
+// (disable), the default statement cache, application_name,
+// statement_timeout, 4 connections.
 func (bs *benchStack) tenantPool(b *testing.B) *pgxpool.Pool {
 	b.Helper()
 	app, err := pgxpool.ParseConfig(bs.tn.DB.AppURL)
 	if err != nil {
 		b.Fatal(err)
 	}
-	pc, err := pgxpool.ParseConfig("sslmode=prefer")
+	pc, err := pgxpool.ParseConfig(fmt.Sprintf("host=%s port=%d sslmode=%s", app.ConnConfig.Host, app.ConnConfig.Port,
+		bs.s.stack.BrainConfig("bench").DBSSLMode))
 	if err != nil {
 		b.Fatal(err)
 	}
-	pc.ConnConfig.Host = app.ConnConfig.Host
-	pc.ConnConfig.Port = app.ConnConfig.Port
 	pc.ConnConfig.Database = app.ConnConfig.Database
 	pc.ConnConfig.User = app.ConnConfig.User
 	pc.ConnConfig.Password = app.ConnConfig.Password

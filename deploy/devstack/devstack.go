@@ -228,6 +228,9 @@ func (s *Stack) BrainConfig(replica string) brain.Config {
 		RegistryURL: s.RegistryURL,
 		SealingKey:  s.SealingKey,
 		Replica:     replica,
+		// The stack's own cluster serves no TLS (deploy/localpg): say so,
+		// rather than have every new tenant connection try TLS first.
+		DBSSLMode: "disable",
 	}
 }
 

@@ -323,12 +323,10 @@ func (d *Directory) newPool(ctx context.Context, t *registry.Tenant) (*pgxpool.P
 	if err != nil {
 		return nil, fmt.Errorf("open credentials of tenant %s: %w", t.ID, err)
 	}
-	pc, err := pgxpool.ParseConfig("sslmode=prefer")
+	pc, err := poolConfig(t.DB.Host, t.DB.Port, d.cfg.SSLMode, d.cfg.SSLRootCert)
 	if err != nil {
 		return nil, err
 	}
-	pc.ConnConfig.Host = t.DB.Host
-	pc.ConnConfig.Port = uint16(t.DB.Port)
 	pc.ConnConfig.Database = t.DB.Name
 	pc.ConnConfig.User = t.DB.User
 	pc.ConnConfig.Password = string(password)

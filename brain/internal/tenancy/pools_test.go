@@ -22,12 +22,19 @@ import (
 
 func testDirectory(t *testing.T, perTenant int32, maxConns int) (*Directory, func(id string) *registry.Tenant) {
 	t.Helper()
+	return newTestDirectory(t, Config{PerTenantConns: perTenant, MaxConns: maxConns})
+}
+
+// newTestDirectory is a directory of cfg without a registry (its sealer is
+// made here): tests lease the tenants they build.
+func newTestDirectory(t *testing.T, cfg Config) (*Directory, func(id string) *registry.Tenant) {
+	t.Helper()
 	sealer, err := registry.NewSealer(make([]byte, registry.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &Directory{cfg: Config{Sealer: sealer, PerTenantConns: perTenant, MaxConns: maxConns}.withDefaults(),
-		log: slog.New(slog.DiscardHandler), pools: newPoolSet()}
+	cfg.Sealer = sealer
+	d := &Directory{cfg: cfg.withDefaults(), log: slog.New(slog.DiscardHandler), pools: newPoolSet()}
 	t.Cleanup(func() {
 		d.mu.Lock()
 		for _, tp := range d.pools.open {

@@ -42,6 +42,12 @@ type Config struct {
 	// Refresh is the safety-net full reload interval (changes arrive through
 	// LISTEN within moments). Default 2m.
 	Refresh time.Duration
+	// SSLMode is how tenant connections use TLS: one of SSLModes, as
+	// libpq's sslmode. Default DefaultSSLMode. SSLRootCert is the CA
+	// certificates file (PEM) that verify-ca and verify-full check the
+	// servers' certificates against; empty means the system's roots.
+	SSLMode     string
+	SSLRootCert string
 	// QueryTracer, when set, traces tenant databases' queries (nil when
 	// tracing is off: pgx then does no tracing work at all).
 	QueryTracer pgx.QueryTracer
@@ -59,6 +65,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Refresh == 0 {
 		c.Refresh = 2 * time.Minute
+	}
+	if c.SSLMode == "" {
+		c.SSLMode = DefaultSSLMode
 	}
 	return c
 }
@@ -98,6 +107,9 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Directory, error)
 	if cfg.PerTenantConns < 1 || cfg.MaxConns < int(cfg.PerTenantConns) {
 		return nil, fmt.Errorf("tenancy: the cap on tenant connections (%d) must be at least one tenant's pool (%d, at least 1)",
 			cfg.MaxConns, cfg.PerTenantConns)
+	}
+	if err := checkTLS(cfg.SSLMode, cfg.SSLRootCert); err != nil {
+		return nil, fmt.Errorf("tenancy: %w", err)
 	}
 	pc, err := pgxpool.ParseConfig(cfg.RegistryURL)
 	if err != nil {

@@ -1,0 +1,57 @@
+package tenancy
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// SSLModes are the values of Config.SSLMode: libpq's sslmode, with its
+// meaning. prefer tries TLS and falls back to a plain connection to the
+// same server; require refuses a server without TLS; verify-ca and
+// verify-full also check the server's certificate against SSLRootCert (the
+// system's roots without it), and verify-full its name (the registry's
+// db_host).
+var SSLModes = []string{"disable", "allow", "prefer", "require", "verify-ca", "verify-full"}
+
+// DefaultSSLMode is libpq's default.
+const DefaultSSLMode = "prefer"
+
+// checkTLS reports a TLS setting the pools could not use, before any
+// tenant connects (an unreadable root certificate would otherwise fail
+// every tenant's first turn).
+func checkTLS(mode, rootCert string) error {
+	if !slices.Contains(SSLModes, mode) {
+		return fmt.Errorf("tenant database sslmode %q is not one of %s", mode, strings.Join(SSLModes, ", "))
+	}
+	if _, err := poolConfig("localhost", 5432, mode, rootCert); err != nil {
+		return err
+	}
+	return nil
+}
+
+// poolConfig is the pool configuration of a tenant's server: its host and
+// port go through the connection string, with the TLS settings, so that
+// every attempt pgx makes (prefer: TLS, then plain) is to that server.
+// Setting Host and Port on a parsed configuration afterwards would leave
+// the fallback attempts at the parser's default host, a local socket or
+// localhost:5432, and without TLS.
+func poolConfig(host string, port int, mode, rootCert string) (*pgxpool.Config, error) {
+	conn := "host=" + connValue(host) + " port=" + strconv.Itoa(port) + " sslmode=" + connValue(mode)
+	if rootCert != "" {
+		conn += " sslrootcert=" + connValue(rootCert)
+	}
+	pc, err := pgxpool.ParseConfig(conn)
+	if err != nil {
+		return nil, fmt.Errorf("tenant database connection settings (sslmode %s): %w", mode, err)
+	}
+	return pc, nil
+}
+
+// connValue quotes a keyword/value connection string value.
+func connValue(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
