@@ -133,9 +133,9 @@ func (c *modelCollector) Collect(ch chan<- prometheus.Metric) {
 
 var (
 	loginFailuresDesc = prometheus.NewDesc("brain_tenant_db_login_failures_total",
-		"Connections to a tenant's database refused for the tenant's role, by tenant.", []string{"tenant"}, nil)
+		"Connections to a tenant's database refused for good (the tenant's role, or the TLS required), by tenant.", []string{"tenant"}, nil)
 	loginFailingDesc = prometheus.NewDesc("brain_tenant_db_login_failing",
-		"1 while a tenant's database refuses the tenant's role.", []string{"tenant"}, nil)
+		"1 while a tenant's database refuses the brain's connection (the tenant's role, or the TLS required).", []string{"tenant"}, nil)
 )
 
 // tenantDBCollector reports refused logins to tenant databases, by tenant.

@@ -33,18 +33,24 @@ func (b *brain) opsRoutes() http.Handler {
 			fmt.Fprintf(w, `{"status":"nats %s"}`, b.nc.Status())
 			return
 		}
-		// A tenant whose database refuses its role is named here, but does
-		// not make the replica unready: every other tenant is served.
+		// A tenant whose database refuses the brain's connection (its role,
+		// or the TLS required) is named here, but does not make the
+		// replica unready: every other tenant is served.
 		type problem struct {
 			Tenant   string    `json:"tenant"`
 			Problem  string    `json:"problem"`
-			SQLState string    `json:"sqlstate"`
+			SQLState string    `json:"sqlstate,omitempty"`
 			Since    time.Time `json:"since"`
 		}
 		var problems []problem
 		for _, p := range b.dir.LoginProblems() {
-			problems = append(problems, problem{Tenant: string(p.Tenant), SQLState: p.SQLState, Since: p.Since.UTC(),
-				Problem: "its database refuses the tenant's role (password, LOGIN or CONNECT changed outside provisioning): repair the role"})
+			pr := problem{Tenant: string(p.Tenant), SQLState: p.SQLState, Since: p.Since.UTC(),
+				Problem: "its database refuses the tenant's role (password, LOGIN or CONNECT changed outside provisioning): repair the role"}
+			if p.TLS {
+				pr.Problem = "its database cannot be reached with the TLS BRAIN_DB_SSLMODE requires (the server refuses TLS, " +
+					"or its certificate does not verify): mend the server's TLS or the setting"
+			}
+			problems = append(problems, pr)
 		}
 		body, _ := json.Marshal(struct {
 			Status         string    `json:"status"`

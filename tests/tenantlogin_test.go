@@ -132,3 +132,57 @@ func TestTenantRoleChangingItselfIsReportedAndRepaired(t *testing.T) {
 		t.Errorf("%s = %d after the repair, want 0", failing, n)
 	}
 }
+
+// A replica that requires TLS (BRAIN_DB_SSLMODE=require) of a tenant's
+// server that has none: the tenant's turn is answered at once with the
+// reason, not retried until the edge gives up; /readyz and the metrics name
+// the tenant, one log line says why (and no credential); and the same turn,
+// submitted again to a replica whose setting is mended, is decided.
+func TestTenantDatabaseWithoutTheTLSRequiredIsReported(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("tls-required"))
+	stop, opsURL := s.startOpsBrain("r1", func(c *brain.Config) { c.DBSSLMode = "require" })
+	ea := s.startEdge(a, nil)
+
+	start := time.Now()
+	e := ea.submit(quoteEmail("<needs-tls@x>")).error(t, http.StatusServiceUnavailable)
+	if e.Reason != wire.ReasonTenantDatabaseTLS || !strings.Contains(e.Message, "TLS") {
+		t.Fatalf("turn of a tenant whose server has no TLS, under require: %+v", e)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the turn took %s: it must be answered, not retried until the edge gives up", d)
+	}
+	var ready struct {
+		TenantProblems []struct {
+			Tenant, Problem, SQLState string
+		} `json:"tenant_problems"`
+	}
+	res, err := http.Get(opsURL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err := json.Unmarshal(b, &ready); err != nil || res.StatusCode != http.StatusOK || len(ready.TenantProblems) != 1 ||
+		ready.TenantProblems[0].Tenant != string(a.ID) || !strings.Contains(ready.TenantProblems[0].Problem, "BRAIN_DB_SSLMODE") ||
+		ready.TenantProblems[0].SQLState != "" {
+		t.Fatalf("readyz while the tenant's server refuses TLS: %d %s (%v)", res.StatusCode, b, err)
+	}
+	if n := metric(t, opsURL, fmt.Sprintf(`brain_tenant_db_login_failing{tenant="%s"}`, a.ID)); n != 1 {
+		t.Errorf("brain_tenant_db_login_failing = %d, want 1", n)
+	}
+	logs := s.logs.String()
+	if strings.Count(logs, "cannot be reached with the TLS required") != 1 || !strings.Contains(logs, "server refused TLS connection") {
+		t.Errorf("want one log line saying the tenant's server refused TLS:\n%s", logs)
+	}
+	if pw := a.DB.AppPassword; pw == "" || strings.Contains(logs, pw) {
+		t.Errorf("the logs hold the tenant's password (or the test has none to look for: %q)", pw)
+	}
+
+	stop()
+	s.startBrain("r2", nil) // the stack's setting: disable
+	if rep := ea.submit(quoteEmail("<needs-tls@x>")).reply(t); rep.Status != wire.WorkItemStatusAwaitingApproval {
+		t.Fatalf("the same turn on a replica whose setting is mended: %+v", rep)
+	}
+}

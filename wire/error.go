@@ -40,6 +40,7 @@ const (
 	ReasonCredentialRefused    = "credential_refused" // the NATS server refuses the edge's credential: not transient
 	ReasonNATSClosed           = "nats_closed"        // the edge's NATS connection is closed for good
 	ReasonTenantDatabaseLogin  = "tenant_database_login_failed"
+	ReasonTenantDatabaseTLS    = "tenant_database_tls_failed"
 )
 
 // Error is the application error: a stable code, an optional reason and a

@@ -3,7 +3,10 @@ package tenancy
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 
@@ -11,6 +14,7 @@ import (
 
 	"n8nbrain/internal/testdb"
 	"n8nbrain/registry"
+	"n8nbrain/wire"
 )
 
 // Every attempt a tenant pool makes is to the tenant's own server, in the
@@ -107,11 +111,13 @@ func TestTenantConnectionsUseTLSAsConfigured(t *testing.T) {
 		{"require, server without TLS", Config{SSLMode: "require"}, plain, false, "server refused TLS connection"},
 		{"verify-full, the server's CA", Config{SSLMode: "verify-full", SSLRootCert: caFile}, withTLS, true, ""},
 		{"verify-full, another CA", Config{SSLMode: "verify-full", SSLRootCert: otherCA}, withTLS, false, "certificate signed by unknown authority"},
+		{"verify-ca, another CA", Config{SSLMode: "verify-ca", SSLRootCert: otherCA}, withTLS, false, "certificate signed by unknown authority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, _ := newTestDirectory(t, tc.cfg)
 			ctx := context.Background()
-			pool, release, err := d.Lease(ctx, tc.server(d))
+			tn := tc.server(d)
+			pool, release, err := d.Lease(ctx, tn)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,6 +127,18 @@ func TestTenantConnectionsUseTLSAsConfigured(t *testing.T) {
 			if tc.wantFail != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantFail) {
 					t.Fatalf("connected (TLS %v, error %v); want a refusal saying %q", ssl, err, tc.wantFail)
+				}
+				// A refusal retrying does not mend: answered at once, and
+				// the tenant named as a problem.
+				var le *LoginError
+				if !errors.As(d.Check(tn, err), &le) || !le.TLS {
+					t.Fatalf("Check(%v) = %v, want a TLS LoginError", err, d.Check(tn, err))
+				}
+				if e := wire.ErrorOf(le); e.Reason != wire.ReasonTenantDatabaseTLS {
+					t.Errorf("its wire error is %+v", e)
+				}
+				if p := d.LoginProblems(); len(p) != 1 || p[0].Tenant != tn.ID || !p[0].TLS {
+					t.Errorf("login problems %+v, want the tenant, for TLS", p)
 				}
 				return
 			}
@@ -178,4 +196,59 @@ func uniqueName(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return fmt.Sprintf("%x", b)
+}
+
+// A server that answers the TLS request with "no" refuses for good; one
+// that cuts the connection during it may be restarting, and is retried.
+// Neither is Postgres: each is a socket that reads the request and does one
+// thing.
+func TestTLSRefusalIsToldFromACutConnection(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		answer  []byte // nil: close the connection
+		refusal bool
+	}{
+		{"refused", []byte("N"), true},
+		{"cut", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					req := make([]byte, 8) // length and the SSLRequest code
+					if _, err := io.ReadFull(c, req); err == nil && tc.answer != nil {
+						c.Write(tc.answer)
+					}
+					c.Close()
+				}
+			}()
+			d, _ := newTestDirectory(t, Config{SSLMode: "require"})
+			port := ln.Addr().(*net.TCPAddr).Port
+			tn := &registry.Tenant{ID: "acme", DB: registry.DBConfig{Host: "127.0.0.1", Port: port, Name: "acme", User: "acme",
+				PasswordSealed: d.cfg.Sealer.Seal("acme", []byte("pw"))}}
+			pool, release, err := d.Lease(context.Background(), tn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release()
+			err = pool.Ping(context.Background())
+			if err == nil {
+				t.Fatal("connected to a socket that is not Postgres")
+			}
+			var le *LoginError
+			if got := errors.As(d.Check(tn, err), &le); got != tc.refusal {
+				t.Fatalf("%v: taken for a refusal %v, want %v", err, got, tc.refusal)
+			}
+		})
+	}
 }

@@ -34,7 +34,8 @@ func newTestDirectory(t *testing.T, cfg Config) (*Directory, func(id string) *re
 		t.Fatal(err)
 	}
 	cfg.Sealer = sealer
-	d := &Directory{cfg: cfg.withDefaults(), log: slog.New(slog.DiscardHandler), pools: newPoolSet()}
+	d := &Directory{cfg: cfg.withDefaults(), log: slog.New(slog.DiscardHandler), pools: newPoolSet(),
+		loginFailing: map[registry.TenantID]loginState{}, loginFailures: map[registry.TenantID]int64{}}
 	t.Cleanup(func() {
 		d.mu.Lock()
 		for _, tp := range d.pools.open {
