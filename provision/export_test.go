@@ -7,3 +7,5 @@ const (
 	ChosenPasswordIterations    = chosenPasswordIterations
 	GeneratedPasswordIterations = generatedPasswordIterations
 )
+
+var RuntimeTLS = runtimeTLS

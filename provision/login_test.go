@@ -180,3 +180,20 @@ func cpuSelf() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// The URLs written for runtime roles reach the cluster with the TLS the
+// operator's admin URL asks for, not a fixed sslmode=disable.
+func TestRuntimeURLsKeepTheAdminTLS(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ admin, want string }{
+		{"postgres://ops:pw@db.example:5432/postgres?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem",
+			"sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem"},
+		{"postgresql://ops:pw@127.0.0.1/postgres?sslmode=disable", "sslmode=disable"},
+		{"postgres://ops:pw@db.example/postgres", "sslmode=prefer"},
+		{"host=db.example user=ops sslmode=require", "sslmode=prefer"}, // keyword/value: not read
+	} {
+		if got := provision.RuntimeTLS(tc.admin); got != tc.want {
+			t.Errorf("admin %s: runtime URLs get %q, want %q", tc.admin, got, tc.want)
+		}
+	}
+}

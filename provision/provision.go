@@ -57,6 +57,28 @@ type cluster struct {
 	registryOwner  string
 	registryReader string
 	sealer         *registry.Sealer
+	// tls is the TLS part of the runtime roles' URLs (runtimeTLS).
+	tls string
+}
+
+// runtimeTLS is the query of the URLs written for runtime roles (the
+// registry reader's BRAIN_REGISTRY_URL, a tenant's app URL): the admin
+// URL's sslmode and sslrootcert, as the operator reaches that cluster, when
+// it is a URL that names them; else libpq's default, prefer.
+func runtimeTLS(adminURL string) string {
+	out := url.Values{"sslmode": {"prefer"}}
+	u, err := url.Parse(adminURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return out.Encode()
+	}
+	q := u.Query()
+	if mode := q.Get("sslmode"); mode != "" {
+		out.Set("sslmode", mode)
+		if root := q.Get("sslrootcert"); root != "" {
+			out.Set("sslrootcert", root)
+		}
+	}
+	return out.Encode()
 }
 
 func (o *Ops) cluster() (*cluster, error) {
@@ -71,7 +93,7 @@ func (o *Ops) cluster() (*cluster, error) {
 		// The parse error can quote the URL, password included.
 		return nil, errors.New("provision: Ops.AdminURL is not a valid Postgres URL")
 	}
-	c := &cluster{admin: admin, host: o.Host, port: o.Port, prefix: o.Prefix, sealer: o.Sealer}
+	c := &cluster{admin: admin, host: o.Host, port: o.Port, prefix: o.Prefix, sealer: o.Sealer, tls: runtimeTLS(o.AdminURL)}
 	if c.host == "" {
 		c.host = "127.0.0.1"
 	}
@@ -116,7 +138,7 @@ func (c *cluster) url(user, password, db string) string {
 		User:     url.UserPassword(user, password),
 		Host:     net.JoinHostPort(c.host, strconv.Itoa(c.port)),
 		Path:     "/" + db,
-		RawQuery: "sslmode=disable",
+		RawQuery: c.tls,
 	}
 	return u.String()
 }
