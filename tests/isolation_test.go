@@ -393,13 +393,8 @@ func TestBacklogOfOneTenantDoesNotDelayAnother(t *testing.T) {
 	spb := spec("fair-b")
 	spb.Quota = registry.Quota{Turns: 20_000}
 	b := s.tenant(spb)
-	ops, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.startBrain("r1", func(c *brain.Config) { c.OpsListener = ops })
+	_, metricsURL := s.startOpsBrain("r1", nil)
 	ea := s.startEdge(a, nil)
-	metricsURL := "http://" + ops.Addr().String()
 
 	// turnsOfA submits n of A's turns one after the other and returns the
 	// median of their latencies.
@@ -486,16 +481,11 @@ func TestTenantQueueMetricFollowsLoad(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
 	b := s.tenant(spec("queue-b"))
-	ops, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// B's turns stop after their commit until the gate opens: its workers
 	// stay busy, as with slow model calls.
 	gate := make(chan struct{})
 	var open sync.Once
-	s.startBrain("r1", func(c *brain.Config) {
-		c.OpsListener = ops
+	_, metricsURL := s.startOpsBrain("r1", func(c *brain.Config) {
 		c.Workers, c.TenantWorkers = 16, 4
 		c.Hooks.AfterCommitFunc = func(tn registry.TenantID, _ string, _ int) error {
 			if tn == b.ID {
@@ -505,7 +495,6 @@ func TestTenantQueueMetricFollowsLoad(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { open.Do(func() { close(gate) }) }) // before the brain stops
-	metricsURL := "http://" + ops.Addr().String()
 	queued := func() float64 { return metricValue(t, metricsURL, `brain_tenant_turns_queued{tenant="queue-b"}`) }
 	inflight := func() float64 { return metricValue(t, metricsURL, `brain_tenant_turns_inflight{tenant="queue-b"}`) }
 	if q := queued(); q != 0 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -57,11 +56,7 @@ func TestBodyNamingAnotherTenantIsRejected(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
 	a, b := s.tenant(spec("name-a")), s.tenant(spec("name-b"))
-	ops, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.startBrain("r1", func(c *brain.Config) { c.OpsListener = ops })
+	_, opsURL := s.startOpsBrain("r1", nil)
 	ea := s.startEdge(a, nil)
 
 	req := quoteEmail("<forged@x>")
@@ -92,7 +87,7 @@ func TestBodyNamingAnotherTenantIsRejected(t *testing.T) {
 	if m.Header.Get(wire.HeaderStatus) != wire.StatusError || !bytes.Contains(m.Data, []byte(wire.ReasonTenantMismatch)) {
 		t.Fatalf("want a tenant_mismatch error reply, got %s %s", m.Header, m.Data)
 	}
-	if n := metric(t, "http://"+ops.Addr().String(), "brain_turns_tenant_mismatch_total"); n != 2 {
+	if n := metric(t, opsURL, "brain_turns_tenant_mismatch_total"); n != 2 {
 		t.Fatalf("tenant mismatch counter = %d, want 2", n)
 	}
 	for _, tn := range []*struct {

@@ -8,7 +8,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -274,13 +273,7 @@ func TestIdleTenantsCostNothing(t *testing.T) {
 		roles = append(roles, tn.DB.AppRole)
 		dbs = append(dbs, tn.DB.DBName)
 	}
-	ops, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsURL := "http://" + ops.Addr().String()
-	s.startBrain("r1", func(c *brain.Config) {
-		c.OpsListener = ops
+	_, metricsURL := s.startOpsBrain("r1", func(c *brain.Config) {
 		c.ReconcileInterval = interval // DBIdleTimeout stays at its default
 	})
 	admin := s.adminConn("postgres")
@@ -466,15 +459,9 @@ func TestManyTenantsStartAndReloadOne(t *testing.T) {
 	addRegistryTenants(t, s, "many", n)
 	t.Logf("wrote %d registry rows and their streams in %s", n, time.Since(provisioned))
 	a := s.tenant(spec("many-real"))
-	ops, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsURL := "http://" + ops.Addr().String()
 	start := time.Now()
-	s.startBrain("r1", func(c *brain.Config) {
+	_, metricsURL := s.startOpsBrain("r1", func(c *brain.Config) {
 		noSafetyNet(c)
-		c.OpsListener = ops
 		c.RegistryRefresh = time.Hour // only notifications reload
 	})
 	eventually(t, time.Minute, "the replica to bind every tenant", func() bool {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -27,12 +26,7 @@ func TestTenantRoleChangingItselfIsReportedAndRepaired(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
 	a := s.tenant(spec("self-alter"))
-	ops, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	opsURL := "http://" + ops.Addr().String()
-	s.startBrain("r1", func(c *brain.Config) { c.OpsListener = ops })
+	_, opsURL := s.startOpsBrain("r1", nil)
 	ea := s.startEdge(a, nil)
 	ea.submit(quoteEmail("<before@x>")).reply(t)
 
