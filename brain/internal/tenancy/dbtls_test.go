@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -73,9 +75,14 @@ func TestTenantPoolsConnectOnlyToTheTenantServer(t *testing.T) {
 // with what was wrong, not at every tenant's first turn.
 func TestTLSSettingsAreCheckedAtOpen(t *testing.T) {
 	t.Parallel()
+	garbage := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(garbage, []byte("not a certificate\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ mode, rootCert, want string }{
 		{"on", "", `sslmode "on" is not one of disable, allow, prefer, require, verify-ca, verify-full`},
-		{"verify-full", "/nonexistent/ca.crt", "/nonexistent/ca.crt"},
+		{"verify-full", "/nonexistent/ca.crt", "root certificates: open /nonexistent/ca.crt: no such file or directory"},
+		{"verify-full", garbage, "root certificates " + garbage + ": no PEM certificate in it"},
 	} {
 		err := checkTLS(tc.mode, tc.rootCert)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
