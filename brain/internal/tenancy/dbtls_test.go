@@ -205,19 +205,22 @@ func uniqueName(t *testing.T) string {
 	return fmt.Sprintf("%x", b)
 }
 
-// A server that answers the TLS request with "no" refuses for good; one
-// that cuts the connection during it may be restarting, and is retried.
-// Neither is Postgres: each is a socket that reads the request and does one
-// thing.
+// A server that answers the TLS request with "no" refuses for good when
+// TLS is required; under prefer the plain attempt that follows decides (cut
+// here, so retried). One that cuts the connection during the request may be
+// restarting, and is retried. None is Postgres: each is a socket that reads
+// the request and does one thing.
 func TestTLSRefusalIsToldFromACutConnection(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		answer  []byte // nil: close the connection
+		mode    string
 		refusal bool
 	}{
-		{"refused", []byte("N"), true},
-		{"cut", nil, false},
+		{"refused, require", []byte("N"), "require", true},
+		{"refused, prefer, then the plain attempt cut", []byte("N"), "prefer", false},
+		{"cut, require", nil, "require", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -239,7 +242,7 @@ func TestTLSRefusalIsToldFromACutConnection(t *testing.T) {
 					c.Close()
 				}
 			}()
-			d, _ := newTestDirectory(t, Config{SSLMode: "require"})
+			d, _ := newTestDirectory(t, Config{SSLMode: tc.mode})
 			port := ln.Addr().(*net.TCPAddr).Port
 			tn := &registry.Tenant{ID: "acme", DB: registry.DBConfig{Host: "127.0.0.1", Port: port, Name: "acme", User: "acme",
 				PasswordSealed: d.cfg.Sealer.Seal("acme", []byte("pw"))}}

@@ -54,9 +54,11 @@ func (e *LoginError) Unwrap() []error {
 // refused for good: its role (invalid authorization, class 28: wrong
 // password, no LOGIN, no such role, pg_hba; or no CONNECT privilege, with
 // its SQLSTATE), or the TLS required (tls: the server refuses TLS, or its
-// certificate does not verify). A TLS handshake that timed out or was cut
-// is not one: it is retried.
-func refusal(err error) (sqlState string, isTLS, ok bool) {
+// certificate does not verify), under an sslmode that requires TLS: under
+// prefer or allow a refused TLS attempt is followed by a plain one, and the
+// error of the connection is that one's. A TLS handshake that timed out or
+// was cut is not one: it is retried.
+func refusal(err error, sslMode string) (sqlState string, isTLS, ok bool) {
 	var ce *pgconn.ConnectError
 	if !errors.As(err, &ce) {
 		return "", false, false
@@ -64,6 +66,11 @@ func refusal(err error) (sqlState string, isTLS, ok bool) {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		return pe.Code, false, pe.Code[:2] == "28" || pe.Code == "42501"
+	}
+	switch sslMode {
+	case "require", "verify-ca", "verify-full":
+	default:
+		return "", false, false
 	}
 	var (
 		verify   *tls.CertificateVerificationError // verify-full: Go's own check
@@ -102,7 +109,7 @@ func (d *Directory) Check(t *registry.Tenant, err error) error {
 	if err == nil {
 		return nil
 	}
-	sqlState, isTLS, ok := refusal(err)
+	sqlState, isTLS, ok := refusal(err, d.cfg.SSLMode)
 	if !ok {
 		return err
 	}
