@@ -172,6 +172,15 @@ func (c *consumers) start(ctx context.Context, acc string, id registry.TenantID)
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			switch {
 			case errors.Is(err, jetstream.ErrNoHeartbeat):
+			case errors.Is(err, nats.ErrNoResponders):
+				// The pull request found no consumer leader (a NATS node
+				// died, or the server is starting). nats.go still counts
+				// the pull as outstanding and would ask again only when
+				// heartbeats are missed, 2×pullHeartbeat later: this
+				// replica would take none of the tenant's turns meanwhile.
+				// Consume again instead, as nats.go's ordered consumer does.
+				c.log.Warn("tenant's pull found no consumer leader; consuming again", "tenant_id", id)
+				go c.restart(acc, tc)
 			case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
 				// Deprovisioned, or re-created: bind again on a later pass.
 				c.log.Warn("tenant's turn consumer is gone; binding again later", "tenant_id", id, "error", err)
@@ -188,8 +197,8 @@ func (c *consumers) start(ctx context.Context, acc string, id registry.TenantID)
 		c.mu.Unlock()
 		return
 	}
-	tc.cc = cc
 	c.mu.Lock()
+	tc.cc = cc
 	delete(c.missing, acc)
 	c.running[acc] = tc
 	c.mu.Unlock()
@@ -210,6 +219,28 @@ func (c *consumers) stop(acc string) {
 		_ = q.m.Nak()
 	}
 	c.log.Info("stopped consuming the turns of a tenant no longer in the registry", "tenant_id", tc.tenant)
+}
+
+// restart stops tc, the consumer of acc, for the next reconcile pass to
+// bind and pull again. Turns already queued here stay queued: they are
+// delivered, and their acks still reach the server.
+func (c *consumers) restart(acc string, tc *tenantConsumer) {
+	for range 50 { // the handler may run before start has registered tc
+		c.mu.Lock()
+		if c.running[acc] == tc {
+			delete(c.running, acc)
+			c.missing[acc] = time.Now() // due at the next pass
+			c.mu.Unlock()
+			tc.cc.Stop()
+			return
+		}
+		registered := tc.cc != nil
+		c.mu.Unlock()
+		if registered {
+			return // stopped or replaced meanwhile
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // stopAll stops every consumer and drains every API subscription: no new
