@@ -262,3 +262,52 @@ func TestTLSRefusalIsToldFromACutConnection(t *testing.T) {
 		})
 	}
 }
+
+// A tenant's connection is what the brain's settings say, whatever the
+// libpq variables of the brain's own environment say: they are for the
+// operator's tools (psql, brainctl's admin URL), and the parser reads them
+// into every connection string it parses. Not parallel: it sets them.
+func TestTenantConnectionsIgnoreTheEnvironment(t *testing.T) {
+	tenant := tenantOn(t, testdb.AdminURL(t))
+	for k, v := range map[string]string{
+		"PGSSLROOTCERT":        "/nonexistent/root.crt",
+		"PGSSLCERT":            "/nonexistent/client.crt",
+		"PGSSLKEY":             "/nonexistent/client.key",
+		"PGSSLNEGOTIATION":     "direct",
+		"PGTARGETSESSIONATTRS": "standby",
+		"PGCHANNELBINDING":     "require",
+		"PGREQUIREAUTH":        "md5",
+		"PGMINPROTOCOLVERSION": "3.2",
+		"PGOPTIONS":            "-c statement_timeout=1",
+		"PGTZ":                 "Pacific/Chatham",
+		"PGAPPNAME":            "not-the-brain",
+	} {
+		t.Setenv(k, v)
+	}
+	if err := checkTLS(DefaultSSLMode, ""); err != nil {
+		t.Fatalf("the default settings are refused: %v", err)
+	}
+	d, _ := newTestDirectory(t, Config{})
+	ctx := context.Background()
+	pool, release, err := d.Lease(ctx, tenant(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	var timeout, zone, app string
+	if err := pool.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('TimeZone'),
+		current_setting('application_name')`).Scan(&timeout, &zone, &app); err != nil {
+		t.Fatalf("a tenant connection under the operator's libpq variables: %v", err)
+	}
+	if timeout != "10s" || zone == "Pacific/Chatham" || app != "brain" {
+		t.Errorf("session statement_timeout %s, TimeZone %s, application_name %s; want 10s, the server's zone, brain",
+			timeout, zone, app)
+	}
+
+	// A service no file holds cannot be pinned away; it is refused when
+	// the directory opens, saying so.
+	t.Setenv("PGSERVICE", "no-such-service")
+	if err := checkTLS(DefaultSSLMode, ""); err == nil || !strings.Contains(err.Error(), "service") {
+		t.Errorf("PGSERVICE naming no service: %v, want a refusal naming the service", err)
+	}
+}
