@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: dev test test-short e2e lint verify build bench fuzz
+.PHONY: dev test test-short e2e lint verify build bench bench-placement fuzz
 
 ## dev: start the development stack (Postgres in .data/pg, embedded NATS, 2 brain replicas, client-zero's edge)
 dev:
@@ -41,6 +41,10 @@ build:
 ## bench: the turn, scale and NATS-cluster benchmarks and the LangGraph baseline of BENCHMARKS.md, with a summary (not part of test/CI)
 bench:
 	@tests/bench/run.sh
+
+## bench-placement: the turn and the LangGraph baseline with Postgres sharing the cores and on a core of its own, rounds interleaved (BENCHMARKS.md; needs root, not part of test/CI)
+bench-placement:
+	@tests/bench/placement.sh
 
 ## fuzz: run each fuzz target for a while (FUZZTIME=30s by default)
 FUZZTIME ?= 30s
