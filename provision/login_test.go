@@ -182,16 +182,34 @@ func cpuSelf() time.Duration {
 }
 
 // The URLs written for runtime roles reach the cluster with the TLS the
-// operator's admin URL asks for, not a fixed sslmode=disable.
+// operator's admin connection asks for, not a fixed sslmode=disable, read
+// as libpq reads it. Not parallel: it sets PGSSLMODE and PGSSLROOTCERT.
 func TestRuntimeURLsKeepTheAdminTLS(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ admin, want string }{
-		{"postgres://ops:pw@db.example:5432/postgres?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem",
+	t.Setenv("PGSSLMODE", "")
+	t.Setenv("PGSSLROOTCERT", "")
+	for _, tc := range []struct{ env, admin, want string }{
+		{"", "postgres://ops:pw@db.example:5432/postgres?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem",
 			"sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem"},
-		{"postgresql://ops:pw@127.0.0.1/postgres?sslmode=disable", "sslmode=disable"},
-		{"postgres://ops:pw@db.example/postgres", "sslmode=prefer"},
-		{"host=db.example user=ops sslmode=require", "sslmode=prefer"}, // keyword/value: not read
+		{"", "postgresql://ops:pw@127.0.0.1/postgres?sslmode=disable", "sslmode=disable"},
+		{"", "postgres://ops:pw@db.example/postgres", "sslmode=prefer"},
+		{"", "host=db.example user=ops sslmode=require", "sslmode=require"},
+		{"", "host=db.example sslmode = verify-full  sslrootcert='/etc/my ca\\'s.pem' user=ops",
+			"sslmode=verify-full&sslrootcert=%2Fetc%2Fmy+ca%27s.pem"},
+		{"", `host=db.example password='it''s' sslmode=disable`, "sslmode=prefer"}, // libpq refuses it: names nothing
+		{"", "host=db.example password='unterminated sslmode=disable", "sslmode=prefer"},
+		{"", "host=db.example user=ops", "sslmode=prefer"},
+		// What the string does not name, libpq takes from the environment.
+		{"verify-full", "host=db.example user=ops", "sslmode=verify-full&sslrootcert=%2Fenv%2Fca.pem"},
+		{"verify-full", "postgres://ops@db.example/postgres", "sslmode=verify-full&sslrootcert=%2Fenv%2Fca.pem"},
+		{"verify-full", "postgres://ops@db.example/postgres?sslmode=disable", "sslmode=disable&sslrootcert=%2Fenv%2Fca.pem"},
 	} {
+		if tc.env != "" {
+			t.Setenv("PGSSLMODE", tc.env)
+			t.Setenv("PGSSLROOTCERT", "/env/ca.pem")
+		} else {
+			t.Setenv("PGSSLMODE", "")
+			t.Setenv("PGSSLROOTCERT", "")
+		}
 		if got := provision.RuntimeTLS(tc.admin); got != tc.want {
 			t.Errorf("admin %s: runtime URLs get %q, want %q", tc.admin, got, tc.want)
 		}

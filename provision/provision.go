@@ -7,8 +7,10 @@ import (
 	"hash/fnv"
 	"net"
 	"net/url"
+	"os"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -63,22 +65,92 @@ type cluster struct {
 
 // runtimeTLS is the query of the URLs written for runtime roles (the
 // registry reader's BRAIN_REGISTRY_URL, a tenant's app URL): the admin
-// URL's sslmode and sslrootcert, as the operator reaches that cluster, when
-// it is a URL that names them; else libpq's default, prefer.
+// connection's sslmode and sslrootcert, as the operator reaches that
+// cluster, read as libpq reads them: from the URL or keyword/value string,
+// else from PGSSLMODE and PGSSLROOTCERT; else libpq's default, prefer.
 func runtimeTLS(adminURL string) string {
-	out := url.Values{"sslmode": {"prefer"}}
-	u, err := url.Parse(adminURL)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return out.Encode()
+	settings := connSettings(adminURL)
+	mode, root := settings["sslmode"], settings["sslrootcert"]
+	if mode == "" {
+		mode = os.Getenv("PGSSLMODE")
 	}
-	q := u.Query()
-	if mode := q.Get("sslmode"); mode != "" {
+	if root == "" {
+		root = os.Getenv("PGSSLROOTCERT")
+	}
+	out := url.Values{"sslmode": {"prefer"}}
+	if mode != "" {
 		out.Set("sslmode", mode)
-		if root := q.Get("sslrootcert"); root != "" {
-			out.Set("sslrootcert", root)
-		}
+	}
+	if root != "" {
+		out.Set("sslrootcert", root)
 	}
 	return out.Encode()
+}
+
+// connSpace is what separates keyword/value pairs.
+const connSpace = " \t\n\r\f\v"
+
+// connSettings are the settings a libpq connection string names: the query
+// of a postgres:// URL, or the pairs of a keyword/value string (values
+// bare or in single quotes, backslash escaping the next character). A
+// string that is neither names none.
+func connSettings(conn string) map[string]string {
+	if strings.HasPrefix(conn, "postgres://") || strings.HasPrefix(conn, "postgresql://") {
+		out := map[string]string{}
+		if u, err := url.Parse(conn); err == nil {
+			for k, v := range u.Query() {
+				out[k] = v[0]
+			}
+		}
+		return out
+	}
+	out := map[string]string{}
+	s := conn
+	for {
+		s = strings.TrimLeft(s, connSpace)
+		if s == "" {
+			return out
+		}
+		end := strings.IndexAny(s, "="+connSpace)
+		if end <= 0 {
+			return map[string]string{}
+		}
+		key := s[:end]
+		s = strings.TrimLeft(s[end:], connSpace)
+		if !strings.HasPrefix(s, "=") {
+			return map[string]string{} // a name without "=": libpq refuses it
+		}
+		s = strings.TrimLeft(s[1:], connSpace)
+		var val strings.Builder
+		quoted := strings.HasPrefix(s, "'")
+		if quoted {
+			s = s[1:]
+		}
+		i := 0
+		for ; i < len(s); i++ {
+			c := s[i]
+			if c == '\\' && i+1 < len(s) {
+				i++
+				val.WriteByte(s[i])
+				continue
+			}
+			if quoted && c == '\'' {
+				break
+			}
+			if !quoted && strings.IndexByte(connSpace, c) >= 0 {
+				break
+			}
+			val.WriteByte(c)
+		}
+		if quoted {
+			if i == len(s) {
+				return map[string]string{} // unterminated quote: libpq refuses it too
+			}
+			i++
+		}
+		out[key] = val.String()
+		s = s[i:]
+	}
 }
 
 func (o *Ops) cluster() (*cluster, error) {
