@@ -193,3 +193,28 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// The operator's libpq variables are dropped, and with them the failures
+// they cause in connections to the dev stack's own cluster. Not parallel:
+// it sets them.
+func TestIgnoreLibpqEnv(t *testing.T) {
+	t.Setenv("PGSSLROOTCERT", "/nonexistent/root.crt")
+	t.Setenv("PGSERVICE", "no-such-service")
+	t.Setenv("PGTZ", "")
+	const admin = "postgres://brain_admin:pw@127.0.0.1:55432/postgres?sslmode=disable"
+	if _, err := pgx.ParseConfig(admin); err == nil {
+		t.Fatal("the variables break nothing here, so this test proves nothing")
+	}
+	got := IgnoreLibpqEnv()
+	if want := []string{"PGSSLROOTCERT", "PGSERVICE", "PGTZ"}; strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("IgnoreLibpqEnv() = %v, want %v (in LibpqEnv's order)", got, want)
+	}
+	for _, k := range LibpqEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			t.Errorf("%s is still set (%q)", k, v)
+		}
+	}
+	if _, err := pgx.ParseConfig(admin); err != nil {
+		t.Errorf("the admin URL after IgnoreLibpqEnv: %v", err)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"syscall"
 
 	"n8nbrain/deploy/devstack"
+	"n8nbrain/deploy/localpg"
 )
 
 func main() {
@@ -51,6 +52,9 @@ func main() {
 		fs.StringVar(&opts.OpsAddr, "ops-addr", "127.0.0.1:8490", "brain replica 1 ops endpoints (/metrics)")
 		fs.IntVar(&opts.Replicas, "replicas", 2, "brain replicas to run")
 		_ = fs.Parse(os.Args[2:])
+		if set := localpg.IgnoreLibpqEnv(); len(set) > 0 {
+			log.Info("ignoring libpq variables of the environment: the dev stack's cluster and URLs are its own", "variables", set)
+		}
 		switch os.Args[1] {
 		case "up":
 			err = devstack.Up(ctx, opts, os.Stdout, log)
