@@ -24,9 +24,11 @@ e2e:
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
-## lint: vet and formatting
+## lint: vet, staticcheck (pinned, fetched by go run) and formatting
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) -tags e2e,compose $(PKGS)
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 ## verify: lint, and fail on any diff after go mod tidy

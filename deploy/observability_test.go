@@ -210,7 +210,7 @@ func TestObservabilityMetricsExist(t *testing.T) {
 		}
 		for _, sel := range parser.ExtractSelectors(expr) {
 			for _, m := range sel {
-				if m.Name != labels.MetricName {
+				if m.Name != model.MetricNameLabel {
 					continue
 				}
 				names := []string{m.Value}

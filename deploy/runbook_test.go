@@ -246,7 +246,7 @@ func (rb *runbook) exec(next interp.ExecHandlerFunc) interp.ExecHandlerFunc {
 		case "brainctl":
 			code := admin.Main(ctx, args[1:], admin.Env{Getenv: getenv, Stdin: hc.Stdin, Stdout: hc.Stdout, Stderr: hc.Stderr})
 			if code != 0 {
-				return interp.NewExitStatus(uint8(code))
+				return interp.ExitStatus(uint8(code))
 			}
 			return nil
 		case "nats-server":
@@ -281,7 +281,7 @@ func (rb *runbook) exec(next interp.ExecHandlerFunc) interp.ExecHandlerFunc {
 			}
 			select {
 			case <-j.done:
-				return interp.NewExitStatus(1) // no such process
+				return interp.ExitStatus(1) // no such process
 			default:
 			}
 			if !probe {

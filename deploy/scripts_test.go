@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -41,15 +40,6 @@ func shellArrays(t *testing.T, path string) (arrays map[string][]string, scalars
 		scalars[m[1]] = m[2]
 	}
 	return arrays, scalars
-}
-
-func fields(t *testing.T, s string, n int) []string {
-	t.Helper()
-	f := strings.Split(s, "|")
-	if len(f) != n {
-		t.Fatalf("%q: want %d |-separated fields", s, n)
-	}
-	return f
 }
 
 func kind(service bool) string {
@@ -195,9 +185,4 @@ func TestScriptsAreValidBash(t *testing.T) {
 			}
 		}
 	}
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
 }

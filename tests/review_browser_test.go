@@ -120,8 +120,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 		if loc := alice.location(t); loc != "/review" {
 			t.Errorf("after signing in: at %s, want /review", loc)
 		}
-		var cookieFlags string
-		cookieFlags = eval[string](t, alice, `document.cookie`)
+		cookieFlags := eval[string](t, alice, `document.cookie`)
 		if cookieFlags != "" {
 			t.Errorf("the session cookie is readable by scripts: %q", cookieFlags)
 		}
@@ -129,8 +128,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 
 	t.Run("List", func(t *testing.T) {
 		alice.do(t, chromedp.Navigate(base+"/review"), chromedp.WaitVisible(css("ol.queue")))
-		var summaries []string
-		summaries = eval[[]string](t, alice, `[...document.querySelectorAll("ol.queue a.what")].map(a => a.textContent)`)
+		summaries := eval[[]string](t, alice, `[...document.querySelectorAll("ol.queue a.what")].map(a => a.textContent)`)
 		want := []string{"Create a job for Smith & Sons", "Reply to Jo Bloggs", "Reply to Sam", "Reply to Norma", "Reply to Larry"}
 		if strings.Join(summaries, "|") != strings.Join(want, "|") {
 			t.Errorf("the list reads %q, want most urgent then oldest: %q", summaries, want)
@@ -157,8 +155,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 		alice.wantText(t, "Reply to Jo Bloggs", "Waiting for a decision", "Expires in", "Why this was proposed",
 			"Quote request", "High", "your rule “quotes”", "95%", "Hi, could you quote for a deck? Jo",
 			"When you approve, this reply is e-mailed to jo@customer.example")
-		var evidenceOpen bool
-		evidenceOpen = eval[bool](t, alice, `document.querySelector("#evidence").open`)
+		evidenceOpen := eval[bool](t, alice, `document.querySelector("#evidence").open`)
 		if evidenceOpen {
 			t.Error("the auditors' evidence (hashes) is open by default")
 		}
@@ -168,8 +165,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 			t.Errorf("recorded %s by %s, edited %s; want approved by reviewer:alice as proposed", status, by, edited)
 		}
 		// The next item is one click away.
-		var next string
-		next = eval[string](t, alice, `document.querySelector("#next").getAttribute("href")`)
+		next := eval[string](t, alice, `document.querySelector("#next").getAttribute("href")`)
 		if next != "/review/approvals/"+job {
 			t.Errorf("next is %s, want the most urgent waiting (%s)", next, job)
 		}
@@ -179,8 +175,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 		alice.do(t, chromedp.Click(css("#next")), chromedp.WaitVisible(css("#approve-form")))
 		alice.wantText(t, "Create a job for Smith & Sons", "Reference (cannot be changed)", "job-ref-1",
 			"a job is created in your job system", "job-ref-1. If a job with that reference already exists, no second one is made")
-		var inputs int
-		inputs = eval[int](t, alice, `document.querySelectorAll('[name="p.external_ref"]').length`)
+		inputs := eval[int](t, alice, `document.querySelectorAll('[name="p.external_ref"]').length`)
 		if inputs != 0 {
 			t.Errorf("external_ref is editable: %d form controls", inputs)
 		}
@@ -221,8 +216,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 		found := false
 		for i := 0; i < 40 && !found; i++ {
 			alice.do(t, chromedp.KeyEvent(kb.Tab))
-			var focused string
-			focused = eval[string](t, alice, `(document.activeElement.value || "") + "/" + getComputedStyle(document.activeElement).outlineStyle`)
+			focused := eval[string](t, alice, `(document.activeElement.value || "") + "/" + getComputedStyle(document.activeElement).outlineStyle`)
 			if strings.HasPrefix(focused, "approve/") {
 				found = true
 				if !strings.HasSuffix(focused, "/solid") {
@@ -264,8 +258,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 			chromedp.Click(css(`#approve-form button[value=approve]`)), chromedp.WaitVisible(css("#done-h")))
 		bob.do(t, chromedp.Click(css(`#approve-form button[value=approve]`)), chromedp.WaitVisible(css("#error")))
 		bob.wantText(t, "Someone already decided this approval, so your decision was not recorded", "Approved by alice")
-		var forms int
-		forms = eval[int](t, bob, `document.querySelectorAll("#approve-form").length`)
+		forms := eval[int](t, bob, `document.querySelectorAll("#approve-form").length`)
 		if forms != 0 {
 			t.Error("the decided approval still offers its form")
 		}
@@ -289,8 +282,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 		}
 		alice.do(t, chromedp.Navigate(base+"/review/approvals/"+late), chromedp.WaitVisible(css("main h1")))
 		alice.wantText(t, "Expired: nobody decided in time")
-		var forms int
-		forms = eval[int](t, alice, `document.querySelectorAll("#approve-form, #reject-form").length`)
+		forms := eval[int](t, alice, `document.querySelectorAll("#approve-form, #reject-form").length`)
 		if forms != 0 {
 			t.Error("an expired approval offers its forms")
 		}
@@ -304,8 +296,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 		}
 		ny.signIn(t, base, "bob", bobPassword)
 		ny.do(t, chromedp.Navigate(base+"/review/approvals/"+jo), chromedp.WaitVisible(css("time[data-local]")))
-		var times []map[string]string
-		times = eval[[]map[string]string](t, ny, `[...document.querySelectorAll("time[data-local]")].map(e => ({state: e.dataset.local, text: e.textContent, server: e.title}))`)
+		times := eval[[]map[string]string](t, ny, `[...document.querySelectorAll("time[data-local]")].map(e => ({state: e.dataset.local, text: e.textContent, server: e.title}))`)
 		if len(times) == 0 {
 			t.Fatal("no times on the page")
 		}
@@ -354,8 +345,7 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 
 	t.Run("List375", func(t *testing.T) {
 		narrow.do(t, chromedp.Navigate(base+"/review"), chromedp.WaitVisible(css("ol.queue")))
-		var boxes []map[string]float64
-		boxes = eval[[]map[string]float64](t, narrow, `[...document.querySelectorAll("ol.queue a.what")].map(a => { const r = a.getBoundingClientRect(); return {left: r.left, right: r.right} })`)
+		boxes := eval[[]map[string]float64](t, narrow, `[...document.querySelectorAll("ol.queue a.what")].map(a => { const r = a.getBoundingClientRect(); return {left: r.left, right: r.right} })`)
 		if len(boxes) != 2 {
 			t.Fatalf("%d review links, want 2", len(boxes))
 		}
@@ -364,8 +354,7 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 				t.Errorf("a review link is off screen at 375 px: %v", b)
 			}
 		}
-		var scroll float64
-		scroll = eval[float64](t, narrow, `document.scrollingElement.scrollWidth`)
+		scroll := eval[float64](t, narrow, `document.scrollingElement.scrollWidth`)
 		if scroll > 375 {
 			t.Errorf("the list scrolls sideways at 375 px: %v px wide", scroll)
 		}
@@ -375,8 +364,7 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 
 	t.Run("Approval375", func(t *testing.T) {
 		narrow.do(t, chromedp.Navigate(base+"/review/approvals/"+id), chromedp.WaitVisible(css("#approve-form")))
-		var boxes []map[string]float64
-		boxes = eval[[]map[string]float64](t, narrow, `[...document.querySelectorAll("#approve-form button[value=approve], #reject-form button[value=reject]")].map(b => { const r = b.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top + scrollY} })`)
+		boxes := eval[[]map[string]float64](t, narrow, `[...document.querySelectorAll("#approve-form button[value=approve], #reject-form button[value=reject]")].map(b => { const r = b.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top + scrollY} })`)
 		if len(boxes) != 2 {
 			t.Fatalf("%d decision buttons, want 2", len(boxes))
 		}
@@ -385,8 +373,7 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 				t.Errorf("a decision button is off screen at 375 px: %v", b)
 			}
 		}
-		var scroll float64
-		scroll = eval[float64](t, narrow, `document.scrollingElement.scrollWidth`)
+		scroll := eval[float64](t, narrow, `document.scrollingElement.scrollWidth`)
 		if scroll > 375 {
 			t.Errorf("the approval scrolls sideways at 375 px: %v px wide", scroll)
 		}
@@ -397,27 +384,23 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 
 	t.Run("HostileContent", func(t *testing.T) {
 		wide.do(t, chromedp.Navigate(base+"/review/approvals/"+id), chromedp.WaitVisible(css("#approve-form")))
-		var pwned string
-		pwned = eval[string](t, wide, `typeof window.__pwned`)
+		pwned := eval[string](t, wide, `typeof window.__pwned`)
 		if pwned != "undefined" {
 			t.Fatalf("injected script ran: window.__pwned is %s", pwned)
 		}
-		var injected int
-		injected = eval[int](t, wide, `document.querySelectorAll("main script, main img, main [onerror]").length`)
+		injected := eval[int](t, wide, `document.querySelectorAll("main script, main img, main [onerror]").length`)
 		if injected != 0 {
 			t.Errorf("%d injected elements in the page", injected)
 		}
 		wide.wantText(t, "<script>window.__pwned=1</script>", `<img src=x onerror="window.__pwned=2">`,
 			"report⟦U+202E right-to-left override⟧fdp.exe⟦U+200B zero-width space⟧ today",
 			"Hidden characters.", "Show the rest of the e-mail")
-		var markers []string
-		markers = eval[[]string](t, wide, `[...document.querySelectorAll(".hidden-char")].map(e => e.textContent)`)
+		markers := eval[[]string](t, wide, `[...document.querySelectorAll(".hidden-char")].map(e => e.textContent)`)
 		if len(markers) < 3 {
 			t.Errorf("hidden characters shown as %d markers: %q", len(markers), markers)
 		}
 		// The proposed reply's hidden characters are markers in the form too.
-		var draft string
-		draft = eval[string](t, wide, `document.querySelector("#f-body").value`)
+		draft := eval[string](t, wide, `document.querySelector("#f-body").value`)
 		if !strings.Contains(draft, "report⟦U+202E right-to-left override⟧fdp.exe⟦U+200B zero-width space⟧") {
 			t.Errorf("the reply's hidden characters are not visible in the form: %q", draft)
 		}
@@ -427,8 +410,7 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 		wide.wantText(t, "hostile-gpj.exe@evil.example")
 
 		// 50 KB are collapsed: the decision is within reach, the rest one click away.
-		var layout map[string]any
-		layout = eval[map[string]any](t, wide, `({open: document.querySelector("#email-rest").open, top: document.querySelector("#approve-form button[value=approve]").getBoundingClientRect().top + scrollY})`)
+		layout := eval[map[string]any](t, wide, `({open: document.querySelector("#email-rest").open, top: document.querySelector("#approve-form button[value=approve]").getBoundingClientRect().top + scrollY})`)
 		if layout["open"] != false {
 			t.Error("the long e-mail is not collapsed")
 		}
