@@ -51,6 +51,19 @@ func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error
 	if err != nil {
 		return err
 	}
+	pgAtExit := "Postgres too"
+	if pg.Started {
+		// Runs last: after the brains and the edge have stopped using it.
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := pg.Stop(sctx); err != nil {
+				log.Error("stop postgres", "error", err)
+			}
+		}()
+	} else {
+		pgAtExit = "except Postgres, which was running before (make test starts it and leaves it running)"
+	}
 	st, err := Start(ctx, Config{Dir: filepath.Join(o.Dir, "stack"), AdminURL: pg.AdminURL(), NATSPort: o.NATSPort,
 		NATSNodes: o.NATSNodes, Logger: log.With("component", "nats")})
 	if err != nil {
@@ -130,12 +143,12 @@ Submit a turn as n8n would:
     -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' \
     -d '{"work_item_id":"<demo-1@customer.example>","turn":1,"email":{"from":"Jo <jo@customer.example>","subject":"Quote for a new deck","body":"Hi, could you quote for a 20m2 deck?"}}'
 
-Ctrl-C stops everything; state stays in %s.
+Ctrl-C stops everything, %s; state stays in %s.
 `, st.NATS.ClientURL(), filepath.Join(o.Dir, "stack", "creds"), "127.0.0.1:"+fmt.Sprint(pg.Port), pg.AdminURLFile(),
 		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, ln.Addr(), st.IDs.secrets().ReviewerPassword,
 		displayDuration(ecfg.TurnWait, edge.DefaultTurnWait), displayDuration(ecfg.PublishTimeout, edge.DefaultPublishTimeout),
 		displayDuration(ecfg.WebhookTimeout, edge.DefaultWebhookTimeout),
-		n8nFiles.Credentials, n8nFiles.Settings, filepath.Dir(n8nFiles.Credentials), ln.Addr(), tn.Token, o.Dir)
+		n8nFiles.Credentials, n8nFiles.Settings, filepath.Dir(n8nFiles.Credentials), ln.Addr(), tn.Token, pgAtExit, o.Dir)
 
 	var first error
 	select {

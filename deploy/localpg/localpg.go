@@ -66,6 +66,9 @@ type Instance struct {
 	Port          int
 	AdminUser     string
 	AdminPassword string
+	// Started is true when this Ensure started the server, false when it
+	// was running already (another process started it and may still use it).
+	Started bool
 
 	srv server
 }
@@ -155,6 +158,7 @@ func Ensure(ctx context.Context, cfg Config) (*Instance, error) {
 		return nil, err
 	}
 	log.Info("postgres running", "dir", dir, "port", cfg.Port)
+	inst.Started = true
 	return inst, inst.writeURLFile()
 }
 

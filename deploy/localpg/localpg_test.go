@@ -43,6 +43,9 @@ func TestEnsure(t *testing.T) {
 		os.RemoveAll(root)
 	})
 	checkConnects(t, inst)
+	if !inst.Started {
+		t.Error("the first Ensure started the server but says it did not")
+	}
 	pid := postmasterPID(t, inst)
 
 	t.Run("ReusesARunningCluster", func(t *testing.T) {
@@ -52,6 +55,9 @@ func TestEnsure(t *testing.T) {
 		}
 		if again.AdminPassword != inst.AdminPassword {
 			t.Errorf("second Ensure changed the admin password")
+		}
+		if again.Started {
+			t.Error("the second Ensure reused the running server but says it started it")
 		}
 		if got := postmasterPID(t, again); got != pid {
 			t.Errorf("postmaster pid %d after the second Ensure, want the running %d", got, pid)
@@ -71,6 +77,9 @@ func TestEnsure(t *testing.T) {
 		again, err := Ensure(ctx, cfg)
 		if err != nil {
 			t.Fatalf("Ensure after SIGKILL: %v", err)
+		}
+		if !again.Started {
+			t.Error("Ensure after SIGKILL started the server but says it did not")
 		}
 		checkConnects(t, again)
 	})

@@ -1,0 +1,146 @@
+package devstack
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"n8nbrain/deploy/localpg"
+)
+
+// Ctrl-C stops what make dev started: its Postgres too, unless the cluster
+// was running before (make test starts it and leaves it running), and the
+// last lines it prints say which.
+func TestUpStopsThePostgresItStarted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping a test that runs the development stack on a Postgres cluster of its own")
+	}
+	root, err := os.MkdirTemp("", "devstack-up-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil { // the server's OS user must reach it
+		t.Fatal(err)
+	}
+	o := UpOptions{Dir: filepath.Join(root, "data"), PGPort: freeTCPPort(t), NATSPort: freeTCPPort(t),
+		EdgeAddr: "127.0.0.1:0", OpsAddr: "127.0.0.1:0", Replicas: 1, Getenv: func(string) string { return "" }}
+	pgCfg := localpg.Config{Dir: filepath.Join(o.Dir, "pg"), Port: o.PGPort}
+
+	t.Run("StartedByUp", func(t *testing.T) {
+		printed := runUpUntilServing(t, o)
+		if !strings.Contains(printed, "Ctrl-C stops everything, Postgres too;") {
+			t.Errorf("the stack does not say Ctrl-C stops its Postgres:\n%s", printed)
+		}
+		if connects(t, pgCfg) {
+			t.Fatal("Postgres still accepts connections after the stack it started has stopped")
+		}
+	})
+
+	t.Run("RunningBefore", func(t *testing.T) {
+		inst, err := localpg.Ensure(t.Context(), pgCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := inst.Stop(context.Background()); err != nil {
+				t.Errorf("stop: %v", err)
+			}
+		})
+		printed := runUpUntilServing(t, o)
+		if !strings.Contains(printed, "except Postgres, which was running before") {
+			t.Errorf("the stack does not say it leaves the running Postgres alone:\n%s", printed)
+		}
+		if !connects(t, pgCfg) {
+			t.Fatal("the stack stopped a Postgres it had not started")
+		}
+	})
+}
+
+// runUpUntilServing runs Up until it prints that the stack is up, then
+// cancels it as Ctrl-C does, and returns what it printed.
+func runUpUntilServing(t *testing.T, o UpOptions) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	out := &signalBuffer{up: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- Up(ctx, o, out, slog.New(slog.DiscardHandler)) }()
+	select {
+	case <-out.up:
+	case err := <-done:
+		t.Fatalf("Up returned before the stack was up: %v\n%s", err, out.String())
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("the stack did not come up in 3 minutes:\n%s", out.String())
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Up after Ctrl-C: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Up did not return within 2 minutes of Ctrl-C")
+	}
+	return out.String()
+}
+
+// connects reports whether the cluster of cfg accepts the admin's connection.
+func connects(t *testing.T, cfg localpg.Config) bool {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(cfg.Dir, "admin-url"))
+	if err != nil {
+		t.Fatalf("the admin URL file: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, strings.TrimSpace(string(b)))
+	if err != nil {
+		return false
+	}
+	conn.Close(ctx)
+	return true
+}
+
+// signalBuffer keeps what Up prints and closes up once it says the stack is up.
+type signalBuffer struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	up   chan struct{}
+	once sync.Once
+}
+
+func (b *signalBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	if strings.Contains(b.buf.String(), "The development stack is up.") {
+		b.once.Do(func() { close(b.up) })
+	}
+	return len(p), nil
+}
+
+func (b *signalBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func freeTCPPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
