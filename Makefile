@@ -7,7 +7,9 @@ PKGS := ./...
 ## dev: start the development stack (Postgres in .data/pg, embedded NATS, 2 brain replicas, client-zero's edge)
 dev:
 	@deploy/ensure-postgres.sh
-	$(GO) run ./deploy/cmd/devstack up
+	$(GO) build -o bin/devstack ./deploy/cmd/devstack
+	@# exec, not go run: go run exits 1 after Ctrl-C, which make reports as an error.
+	@exec bin/devstack up
 
 ## test: the whole suite against a real local Postgres and embedded NATS (what CI runs)
 test:
