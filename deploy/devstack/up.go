@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +38,29 @@ type UpOptions struct {
 	Getenv func(string) string
 }
 
+// portsFree fails at once, naming the flag, when an address the stack
+// listens on is taken (most often by another make dev). Otherwise the NATS
+// server would give up after its start timeout with an indirect message, and
+// the edge only after everything else had started.
+func portsFree(o UpOptions) error {
+	type listener struct{ addr, what string }
+	ls := []listener{{o.EdgeAddr, "the edge (-edge-addr)"}, {o.OpsAddr, "the brain's metrics (-ops-addr)"}}
+	if o.NATSNodes <= 1 && o.NATSPort != 0 { // a cluster's nodes take free ports
+		ls = append(ls, listener{net.JoinHostPort("127.0.0.1", strconv.Itoa(o.NATSPort)), "NATS (-nats-port)"})
+	}
+	for _, l := range ls {
+		if l.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			return fmt.Errorf("%s cannot listen on %s: %w; is another make dev running?", l.what, l.addr, err)
+		}
+		ln.Close()
+	}
+	return nil
+}
+
 // Up runs the development stack until ctx is done: Postgres initialised in
 // Dir/pg, embedded NATS with generated accounts, the registry, tenant
 // client-zero, brain replicas and client-zero's edge. It prints a curl that
@@ -44,6 +68,9 @@ type UpOptions struct {
 func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error {
 	if o.Getenv == nil {
 		o.Getenv = os.Getenv
+	}
+	if err := portsFree(o); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

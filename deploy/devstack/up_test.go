@@ -3,6 +3,7 @@ package devstack
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -64,6 +65,42 @@ func TestUpStopsThePostgresItStarted(t *testing.T) {
 			t.Fatal("the stack stopped a Postgres it had not started")
 		}
 	})
+}
+
+// A second make dev, or anything else on the stack's ports, is refused at
+// once with the flag to change, before any Postgres or NATS is started.
+func TestUpRefusesATakenPort(t *testing.T) {
+	for _, flag := range []string{"-edge-addr", "-ops-addr", "-nats-port"} {
+		t.Run(flag, func(t *testing.T) {
+			taken, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer taken.Close()
+			dir := t.TempDir()
+			o := UpOptions{Dir: dir, PGPort: freeTCPPort(t), NATSPort: freeTCPPort(t), EdgeAddr: "127.0.0.1:0",
+				OpsAddr: "127.0.0.1:0", Replicas: 1, Getenv: func(string) string { return "" }}
+			switch flag {
+			case "-edge-addr":
+				o.EdgeAddr = taken.Addr().String()
+			case "-ops-addr":
+				o.OpsAddr = taken.Addr().String()
+			case "-nats-port":
+				o.NATSPort = taken.Addr().(*net.TCPAddr).Port
+			}
+			start := time.Now()
+			err = Up(t.Context(), o, io.Discard, slog.New(slog.DiscardHandler))
+			if err == nil || !strings.Contains(err.Error(), flag) || !strings.Contains(err.Error(), taken.Addr().String()) {
+				t.Fatalf("Up with %s taken: %v, want an error naming %s and the address", flag, err, flag)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("the refusal took %v", d)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Errorf("Up refused but created %d entries in its state folder first", len(entries))
+			}
+		})
+	}
 }
 
 // runUpUntilServing runs Up until it prints that the stack is up, then
