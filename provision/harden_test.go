@@ -1,6 +1,9 @@
 package provision_test
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -88,5 +91,38 @@ func TestRestrictMaintenanceDatabases(t *testing.T) {
 	var conn *pgx.Conn = mustConnect(t, readerURL, "")
 	if _, err := registry.TenantGet(t.Context(), conn, "restricted"); err != nil {
 		t.Fatalf("the reader still reads the registry: %v", err)
+	}
+}
+
+// Re-running provisioning (the registry bootstrap, a tenant's role repair)
+// leaves no password verifier in the server's log: a failing statement is
+// logged whole, so an existing login role is altered, never first tried
+// with a CREATE ROLE … PASSWORD that fails.
+func TestReRunsLeaveNoPasswordVerifierInTheServerLog(t *testing.T) {
+	t.Parallel()
+	inst := testdb.PrivateCluster(t)
+	sealer := must(registry.NewSealer(must(registry.ParseKey(registry.NewKey()))))
+	ops := &provision.Ops{AdminURL: inst.AdminURL(), Sealer: sealer, Reserved: newReserved(t)}
+	for range 2 {
+		if _, err := ops.BootstrapRegistry(t.Context(), "reader-password-0123"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tn := createTenant(t, ops, "logged")
+	if err := ops.RepairTenantRole(t.Context(), tn.Spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	mustConnect(t, tn.AppURL, "")
+
+	serverLog, err := os.ReadFile(filepath.Join(inst.Dir, "postgres.log"))
+	if err != nil {
+		t.Fatalf("the cluster's server log: %v", err)
+	}
+	if !bytes.Contains(serverLog, []byte("database system is ready to accept connections")) {
+		t.Fatalf("%s is not this cluster's server log: the test proves nothing", filepath.Join(inst.Dir, "postgres.log"))
+	}
+	if i := bytes.Index(serverLog, []byte("SCRAM-SHA-256$")); i >= 0 {
+		// The line up to the verifier, not the verifier.
+		t.Errorf("the server log holds a password verifier: %s…", serverLog[bytes.LastIndexByte(serverLog[:i], '\n')+1:i])
 	}
 }

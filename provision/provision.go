@@ -414,15 +414,25 @@ func ensureOwnerRole(ctx context.Context, admin *pgx.Conn, role string) error {
 // ensureLoginRole creates a runtime login role with no special powers, or
 // sets the password and limit of an existing one and checks it has none.
 // connLimit -1 means no limit.
+//
+// The role is looked up first rather than found by a failing CREATE ROLE:
+// the server logs a failing statement whole (log_min_error_statement), and
+// this one carries the password's verifier.
 func ensureLoginRole(ctx context.Context, admin *pgx.Conn, role, pwClause string, connLimit int) error {
 	limit := "CONNECTION LIMIT " + strconv.Itoa(connLimit)
-	_, err := admin.Exec(ctx, `CREATE ROLE `+ident(role)+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBYPASSRLS `+
-		limit+` `+pwClause)
-	if err == nil {
-		return nil
+	var exists bool
+	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, role).Scan(&exists); err != nil {
+		return fmt.Errorf("look up role %s: %w", role, err)
 	}
-	if !isCode(err, "42710") { // duplicate_object
-		return fmt.Errorf("create role %s: %w", role, err)
+	if !exists {
+		_, err := admin.Exec(ctx, `CREATE ROLE `+ident(role)+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBYPASSRLS `+
+			limit+` `+pwClause)
+		if err == nil {
+			return nil
+		}
+		if !isCode(err, "42710") { // duplicate_object: made meanwhile, set it below
+			return fmt.Errorf("create role %s: %w", role, err)
+		}
 	}
 	// Altering SUPERUSER, REPLICATION or BYPASSRLS, even to "no", needs a
 	// superuser; so set what may be set and check the rest.
@@ -430,7 +440,7 @@ func ensureLoginRole(ctx context.Context, admin *pgx.Conn, role, pwClause string
 		return fmt.Errorf("alter role %s: %w", role, err)
 	}
 	var powerful bool
-	err = admin.QueryRow(ctx, `SELECT rolsuper OR rolreplication OR rolbypassrls FROM pg_roles WHERE rolname = $1`, role).Scan(&powerful)
+	err := admin.QueryRow(ctx, `SELECT rolsuper OR rolreplication OR rolbypassrls FROM pg_roles WHERE rolname = $1`, role).Scan(&powerful)
 	if err != nil {
 		return fmt.Errorf("look up role %s: %w", role, err)
 	}
