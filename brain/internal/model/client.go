@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -229,6 +230,7 @@ func New(cfg Config, log *slog.Logger) (*Client, error) {
 			ExpectContinueTimeout: time.Second,
 		}}
 	}
+	hc = withStatusErrors(hc)
 	c := &Client{cfg: cfg, log: log, api: api.NewClient(u, hc), slots: make(chan struct{}, cfg.MaxConcurrent)}
 	c.breaker = NewBreaker(cfg.Breaker, func(from, to BreakerState) {
 		lvl := slog.LevelInfo
@@ -355,8 +357,11 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 		return nil
 	})
 	call.Latency = time.Since(start)
-	if err == nil && got == nil {
-		err = errors.New("empty response")
+	// The ollama client returns no error for a stream that ends without
+	// done:true (the server closed it, or our deadline cut it): the last
+	// chunk is not an answer. A deadline is classified as one below.
+	if err == nil && (got == nil || !got.Done) {
+		err = errors.New("the answer ended before done")
 	}
 	if err == nil {
 		var pc, oc bool
@@ -395,4 +400,32 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 	// Connection refused or reset, a malformed answer: the error text may
 	// quote the body, so only the kind is kept.
 	return nil, call, ResultFailure, true, &Error{Kind: KindTransport}
+}
+
+// withStatusErrors returns a copy of hc whose answers of status 400 or more
+// are an api.StatusError before the ollama client reads them. That client
+// reports an error status only when the body holds a line: with an empty
+// body it returns nothing at all, which would be typed a transport failure
+// (a 404 retried and counted by the breaker). Only the status is kept; the
+// body may quote the prompt.
+func withStatusErrors(hc *http.Client) *http.Client {
+	c := *hc
+	base := c.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	c.Transport = statusTransport{base}
+	return &c
+}
+
+type statusTransport struct{ base http.RoundTripper }
+
+func (t statusTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(r)
+	if err != nil || resp.StatusCode < http.StatusBadRequest {
+		return resp, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so the connection is reused
+	resp.Body.Close()
+	return nil, api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status}
 }

@@ -6,6 +6,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -286,4 +290,89 @@ func TestChatClampsTokenCounts(t *testing.T) {
 	if c := resp.Calls[0]; c.PromptTokens != MaxCallTokens || c.OutputTokens != 0 {
 		t.Fatalf("call %+v, want %d prompt and 0 output tokens", c, MaxCallTokens)
 	}
+}
+
+// rawServer answers every call with h, for the misbehaviours the fake
+// server does not speak.
+func rawServer(t *testing.T, h http.HandlerFunc) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+const unfinishedChunk = `{"model":"m","message":{"role":"assistant","content":"{\"category\":\"general\",\"priority\":\"low\",\"confidence\":0.5}"},"done":false}` + "\n"
+
+// A reply that never reached done:true is not an answer: neither a stream
+// the server closed after a chunk, nor one the call's deadline cut off.
+func TestChatRefusesAnUnfinishedAnswer(t *testing.T) {
+	t.Parallel()
+	t.Run("ClosedBeforeDone", func(t *testing.T) {
+		t.Parallel()
+		url := rawServer(t, func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, unfinishedChunk) })
+		resp, err := newClient(t, url, nil).Chat(context.Background(), chatReq)
+		var me *Error
+		if !errors.As(err, &me) || me.Kind != KindTransport {
+			t.Fatalf("a stream closed before done: %v (content %q), want a transport error", err, resp.Content)
+		}
+		if got := outcomes(resp.Calls); !slices.Equal(got, []Outcome{OutcomeError, OutcomeError}) {
+			t.Errorf("calls %v, want two errors (retried once)", got)
+		}
+	})
+	t.Run("EndlessStreamTimesOut", func(t *testing.T) {
+		t.Parallel()
+		url := rawServer(t, func(w http.ResponseWriter, r *http.Request) {
+			for {
+				if _, err := io.WriteString(w, unfinishedChunk); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+		})
+		c := newClient(t, url, func(c *Config) { c.Timeout = 200 * time.Millisecond })
+		resp, err := c.Chat(context.Background(), chatReq)
+		var me *Error
+		if !errors.As(err, &me) || me.Kind != KindTimeout {
+			t.Fatalf("an endless stream: %v (content %q), want a timeout", err, resp.Content)
+		}
+		if got := outcomes(resp.Calls); !slices.Equal(got, []Outcome{OutcomeTimeout}) {
+			t.Errorf("calls %v, want one timeout (not retried)", got)
+		}
+	})
+}
+
+// An error status is a status error with or without a body: a 4xx is not
+// retried and says nothing against the server, a 5xx is retried once.
+func TestChatErrorStatusWithoutBody(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		code  int
+		calls int
+	}{{404, 1}, {429, 1}, {500, 2}, {503, 2}} {
+		t.Run(strconv.Itoa(tc.code), func(t *testing.T) {
+			t.Parallel()
+			url := rawServer(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(tc.code) })
+			resp, err := newClient(t, url, nil).Chat(context.Background(), chatReq)
+			var me *Error
+			if !errors.As(err, &me) || me.Kind != KindStatus || me.StatusCode != tc.code {
+				t.Fatalf("HTTP %d without a body: %v, want a status error %d", tc.code, err, tc.code)
+			}
+			if len(resp.Calls) != tc.calls {
+				t.Errorf("%d calls, want %d", len(resp.Calls), tc.calls)
+			}
+		})
+	}
+}
+
+func outcomes(calls []Call) []Outcome {
+	out := make([]Outcome, len(calls))
+	for i, c := range calls {
+		out[i] = c.Outcome
+	}
+	return out
 }
