@@ -101,14 +101,16 @@ var (
 	modelEscalationsDesc = prometheus.NewDesc("brain_model_escalations_total",
 		"Items escalated to a human because of the model, by tenant and reason.", []string{"tenant", "reason"}, nil)
 	breakerOpenDesc = prometheus.NewDesc("brain_model_breaker_open",
-		"1 while the model circuit breaker refuses calls.", nil, nil)
+		"1 while the shared model circuit breaker (the server's health) refuses calls.", nil, nil)
+	tenantBreakerOpenDesc = prometheus.NewDesc("brain_model_tenant_breaker_open",
+		"1 while a tenant's own model circuit breaker (its unusable answers) refuses its calls; absent when closed.", []string{"tenant"}, nil)
 )
 
 // modelCollector reads the model stage's running totals at scrape time.
 type modelCollector struct{ b *brain }
 
 func (c *modelCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{modelTokensDesc, modelCallsDesc, modelEscalationsDesc, breakerOpenDesc} {
+	for _, d := range []*prometheus.Desc{modelTokensDesc, modelCallsDesc, modelEscalationsDesc, breakerOpenDesc, tenantBreakerOpenDesc} {
 		ch <- d
 	}
 }
@@ -129,6 +131,9 @@ func (c *modelCollector) Collect(ch chan<- prometheus.Metric) {
 		open = 1
 	}
 	ch <- prometheus.MustNewConstMetric(breakerOpenDesc, prometheus.GaugeValue, open)
+	for _, t := range c.b.model.TenantBreakersOpen() {
+		ch <- prometheus.MustNewConstMetric(tenantBreakerOpenDesc, prometheus.GaugeValue, 1, t)
+	}
 }
 
 var (

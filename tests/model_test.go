@@ -763,12 +763,61 @@ func TestModelGarbageOpensTheBreaker(t *testing.T) {
 			t.Fatalf("%s: %s", id, mustJSON(t, rep))
 		}
 	}
-	if fake.Calls() != 4 || labelled(t, ops, "brain_model_breaker_open") != 1 {
-		t.Fatalf("%d calls, breaker_open %d: four invalid answers must open the breaker", fake.Calls(), labelled(t, ops, "brain_model_breaker_open"))
+	tenantOpen := `brain_model_tenant_breaker_open{tenant="garbage-a"}`
+	if fake.Calls() != 4 || labelled(t, ops, tenantOpen) != 1 {
+		t.Fatalf("%d calls, %s %d: four invalid answers must open the tenant's breaker", fake.Calls(), tenantOpen, labelled(t, ops, tenantOpen))
+	}
+	if n := labelled(t, ops, "brain_model_breaker_open"); n != 0 {
+		t.Errorf("brain_model_breaker_open %d: one tenant's unusable answers opened the shared breaker", n)
 	}
 	rep := ea.submit(pergola("<garbage-3@x>")).reply(t)
 	if rep.Status != wire.WorkItemStatusEscalated || rep.Reason != "model_unavailable" || fake.Calls() != 4 {
 		t.Fatalf("with the breaker open: %s, %d calls", mustJSON(t, rep), fake.Calls())
+	}
+}
+
+// One tenant whose e-mails make the model's answers unusable (prompt
+// injection, odd content) opens its own breaker, never another tenant's:
+// the other tenant's next e-mail is still decided by the model.
+func TestOneTenantsUnusableAnswersDoNotStopAnothers(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a, b := s.tenant(modelSpec("brk-a")), s.tenant(modelSpec("brk-b"))
+	good := answerFunc(goodClassify, goodDraft)
+	var aCalls, bCalls atomic.Int64
+	fake := ollamafake.New(t, func(req *api.ChatRequest) ollamafake.Reply {
+		for _, m := range req.Messages {
+			if strings.Contains(m.Content, "POISON") { // B's content breaks the model's output
+				bCalls.Add(1)
+				return ollamafake.Reply{Content: "not json at all"}
+			}
+		}
+		aCalls.Add(1)
+		return good(req)
+	})
+	_, ops := s.startModelBrain("r1", fake, func(c *brain.Config) {
+		c.Model.BreakerMinCalls = 4
+		c.Model.BreakerWindow = time.Minute
+		c.Model.BreakerCoolDown = time.Minute
+	})
+	ea, eb := s.startEdge(a, nil), s.startEdge(b, nil)
+	for i := range 3 { // two calls each (one repair): B's breaker opens on the fourth
+		req := pergola(fmt.Sprintf("<brk-b-%d@x>", i))
+		req.Email.Body += " POISON"
+		rep := eb.submit(req).reply(t)
+		if rep.Status != wire.WorkItemStatusEscalated {
+			t.Fatalf("B's turn %d: %s", i, mustJSON(t, rep))
+		}
+	}
+	if n := labelled(t, ops, `brain_model_tenant_breaker_open{tenant="brk-b"}`); n != 1 || bCalls.Load() != 4 {
+		t.Fatalf("B's breaker open %d after %d calls; want 1 after 4", n, bCalls.Load())
+	}
+	if n := labelled(t, ops, "brain_model_breaker_open"); n != 0 {
+		t.Fatalf("brain_model_breaker_open %d: B's answers opened the shared breaker", n)
+	}
+	rep := ea.submit(pergola("<brk-a-1@x>")).reply(t)
+	if rep.Reason == "model_unavailable" || rep.Assessment.Source != "model" || aCalls.Load() == 0 {
+		t.Fatalf("A's e-mail after B opened its breaker: %s (%d calls for A): B stopped A", mustJSON(t, rep), aCalls.Load())
 	}
 }
 

@@ -286,7 +286,7 @@ func (r *run) step(step, version, system, user string, schema json.RawMessage, c
 	maps.Copy(opts, t.ModelOptions)
 	question := []model.Message{{Role: model.RoleSystem, Content: system}, {Role: model.RoleUser, Content: user}}
 	for {
-		req := model.Request{Model: name, Messages: question, Format: schema, Options: opts}
+		req := model.Request{Model: name, Messages: question, Format: schema, Options: opts, Tenant: string(t.ID)}
 		if repair != nil {
 			req.Messages = append(slices.Clip(question), model.Message{Role: model.RoleUser, Content: repairMessage(repair)})
 		}

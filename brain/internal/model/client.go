@@ -10,7 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ollama/ollama/api"
@@ -115,6 +117,13 @@ type Request struct {
 	// with output its caller cannot use is failing too. It is called once
 	// per answer, before Chat returns.
 	Check func(content, doneReason string) bool
+	// Tenant, when set, is whose content the request carries. An answer
+	// Check refuses then counts against that tenant's own breaker, not the
+	// shared one: a tenant whose e-mails make the model's output unusable
+	// (prompt injection, odd content) stops its own calls, never another
+	// tenant's. Transport errors, timeouts and 5xx stay the shared
+	// breaker's: they are the server's health.
+	Tenant string
 }
 
 // Outcome of one call, as the ledger records it.
@@ -207,6 +216,9 @@ type Client struct {
 	api     *api.Client
 	breaker *Breaker
 	slots   chan struct{} // MaxConcurrent calls in flight
+
+	mu       sync.Mutex
+	tenantBr map[string]*Breaker // Request.Tenant's breakers, made on first use
 }
 
 // New returns a client; it makes no call.
@@ -242,8 +254,48 @@ func New(cfg Config, log *slog.Logger) (*Client, error) {
 	return c, nil
 }
 
-// BreakerState reports the circuit breaker's state.
+// BreakerState reports the shared circuit breaker's state.
 func (c *Client) BreakerState() BreakerState { return c.breaker.State() }
+
+// TenantBreakersOpen lists, sorted, the tenants whose own breaker is not
+// closed (Request.Tenant).
+func (c *Client) TenantBreakersOpen() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var open []string
+	for id, b := range c.tenantBr {
+		if b.State() != BreakerClosed {
+			open = append(open, id)
+		}
+	}
+	slices.Sort(open)
+	return open
+}
+
+// tenantBreaker is id's own breaker, nil for a request without a tenant.
+func (c *Client) tenantBreaker(id string) *Breaker {
+	if id == "" {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.tenantBr[id]
+	if b == nil {
+		b = NewBreaker(c.cfg.Breaker, func(from, to BreakerState) {
+			lvl := slog.LevelInfo
+			if to == BreakerOpen {
+				lvl = slog.LevelWarn
+			}
+			c.log.Log(context.Background(), lvl, "tenant's model circuit breaker changed state (it counts the tenant's unusable answers)",
+				"tenant_id", id, "from", string(from), "to", string(to))
+		})
+		if c.tenantBr == nil {
+			c.tenantBr = map[string]*Breaker{}
+		}
+		c.tenantBr[id] = b
+	}
+	return b
+}
 
 // Ping asks the server for its version (a start-up check; it does not
 // touch the breaker).
@@ -283,18 +335,36 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 			<-c.slots
 			return resp, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
 		}
+		tenantDone := func(Result) {}
+		if tb := c.tenantBreaker(req.Tenant); tb != nil {
+			if tenantDone, err = tb.Allow(); err != nil {
+				done(ResultIgnore)
+				<-c.slots
+				return resp, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
+			}
+		}
 		got, call, res, retry, err := c.once(ctx, req)
+		tenantRes := ResultIgnore // the tenant's breaker counts only its answers
+		if err == nil {
+			tenantRes = ResultSuccess
+		}
 		if err == nil && req.Check != nil && !req.Check(got.Message.Content, got.DoneReason) {
 			call.Outcome = OutcomeInvalidOutput
 			// An answer cut off at num_predict is the server doing as it was
 			// told (an e-mail can ask for a reply longer than the cap); any
 			// other unusable answer from a server that is meant to follow
-			// the JSON schema means the server or model is broken.
+			// the JSON schema means the server or model is broken, or the
+			// tenant's content broke it: its own breaker when it has one.
 			if got.DoneReason != "length" {
-				res = ResultFailure
+				if req.Tenant != "" {
+					tenantRes = ResultFailure
+				} else {
+					res = ResultFailure
+				}
 			}
 		}
 		done(res)
+		tenantDone(tenantRes)
 		<-c.slots
 		resp.Calls = append(resp.Calls, call)
 		if err == nil {

@@ -376,3 +376,35 @@ func outcomes(calls []Call) []Outcome {
 	}
 	return out
 }
+
+// A tenant's unusable answers open that tenant's breaker only: the shared
+// breaker (the server's health) stays closed and another tenant's calls go
+// through. A request without a tenant counts against the shared one
+// (TestChatUnusableAnswersOpenTheBreaker).
+func TestChatTenantsUnusableAnswersOpenOnlyTheirBreaker(t *testing.T) {
+	t.Parallel()
+	f := ollamafake.New(t, func(r *api.ChatRequest) ollamafake.Reply {
+		if strings.Contains(r.Messages[len(r.Messages)-1].Content, "poison") {
+			return ollamafake.Reply{Content: "garbage"}
+		}
+		return ollamafake.Reply{Content: `{}`}
+	})
+	c := newClient(t, f.URL(), func(c *Config) { c.Breaker = BreakerConfig{MinCalls: 3, CoolDown: time.Hour} })
+	check := func(content, doneReason string) bool { return content != "garbage" }
+	poisoned := Request{Model: "m", Messages: []Message{{Role: RoleUser, Content: "poison"}}, Check: check, Tenant: "b"}
+	for i := range 3 {
+		if resp, err := c.Chat(context.Background(), poisoned); err != nil || resp.Calls[0].Outcome != OutcomeInvalidOutput {
+			t.Fatalf("B's call %d: %+v %v", i, resp, err)
+		}
+	}
+	if _, err := c.Chat(context.Background(), poisoned); !errors.Is(err, ErrBreakerOpen) || f.Calls() != 3 {
+		t.Fatalf("B's call with its breaker open: %v, server saw %d calls", err, f.Calls())
+	}
+	if got := c.TenantBreakersOpen(); !slices.Equal(got, []string{"b"}) || c.BreakerState() != BreakerClosed {
+		t.Fatalf("tenant breakers open %v, shared %s; want [b] and closed", got, c.BreakerState())
+	}
+	clean := Request{Model: "m", Messages: []Message{{Role: RoleUser, Content: "hello"}}, Check: check, Tenant: "a"}
+	if resp, err := c.Chat(context.Background(), clean); err != nil || resp.Content != `{}` || f.Calls() != 4 {
+		t.Fatalf("A's call after B's breaker opened: %+v %v (server saw %d)", resp, err, f.Calls())
+	}
+}
