@@ -159,6 +159,21 @@ func TestRevokesUser(t *testing.T) {
 // re-signed (nsc edit user would un-revoke it). The real nsc runs the same
 // path in nsc_test.go (-tags nsc).
 func TestUpsertUserKeepsARevokedUserRevoked(t *testing.T) {
+	// The stand-in is written before t.Parallel, while no other test runs:
+	// a process another test forks while the file is open for writing
+	// would hold it open, and exec would fail with "text file busy" (the
+	// script would then take describe's failure for a missing user).
+	bin := t.TempDir()
+	fake := `#!/usr/bin/env bash
+echo "$*" >>"$NSC_CALLS"
+case "$1 $2" in
+"describe user") if [[ " $* " == *" --field sub "* ]]; then echo "\"$NSC_USER_KEY\""; fi ;;
+"describe account") cat "$NSC_ACCOUNT_JSON" ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(bin, "nsc"), []byte(fake), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	t.Parallel()
 	edge := userKey(t)
 	for _, tc := range []struct {
@@ -176,17 +191,7 @@ func TestUpsertUserKeepsARevokedUserRevoked(t *testing.T) {
 				t.Fatal(err)
 			}
 			calls := filepath.Join(dir, "calls")
-			fake := `#!/usr/bin/env bash
-echo "$*" >>"$NSC_CALLS"
-case "$1 $2" in
-"describe user") if [[ " $* " == *" --field sub "* ]]; then echo "\"$NSC_USER_KEY\""; fi ;;
-"describe account") cat "$NSC_ACCOUNT_JSON" ;;
-esac
-`
-			if err := os.WriteFile(filepath.Join(dir, "nsc"), []byte(fake), 0o700); err != nil {
-				t.Fatal(err)
-			}
-			env := []string{"PATH=" + dir + ":" + os.Getenv("PATH"), "NSC_CALLS=" + calls, "NSC_USER_KEY=" + edge, "NSC_ACCOUNT_JSON=" + claims}
+			env := []string{"PATH=" + bin + ":" + os.Getenv("PATH"), "NSC_CALLS=" + calls, "NSC_USER_KEY=" + edge, "NSC_ACCOUNT_JSON=" + claims}
 			code, out := libCall(t, nil, env, "upsert_user", "acme", "edge", "--allow-pub", "turn.>")
 			b, err := os.ReadFile(calls)
 			if err != nil {
