@@ -247,7 +247,10 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	var errs []error
 	keyVar := func(name string) []byte {
 		key := getenv(name)
-		if f := getenv(name + "_FILE"); f != "" && key == "" {
+		if f := getenv(name + "_FILE"); f != "" && key != "" {
+			errs = append(errs, fmt.Errorf("both %s and %s_FILE are set: give the key one way", name, name))
+			return nil
+		} else if f != "" {
 			b, err := os.ReadFile(f)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s_FILE: %w", name, err))

@@ -94,6 +94,8 @@ func TestSealingKeysFromEnv(t *testing.T) {
 		{"PreviousFromFile", map[string]string{"BRAIN_SEALING_KEY": cur, "BRAIN_SEALING_KEY_PREVIOUS_FILE": file}, cur, prev, ""},
 		{"BadPrevious", map[string]string{"BRAIN_SEALING_KEY": cur, "BRAIN_SEALING_KEY_PREVIOUS": "xyz"}, "", "", "BRAIN_SEALING_KEY_PREVIOUS"},
 		{"MissingPreviousFile", map[string]string{"BRAIN_SEALING_KEY": cur, "BRAIN_SEALING_KEY_PREVIOUS_FILE": file + ".gone"}, "", "", "BRAIN_SEALING_KEY_PREVIOUS_FILE"},
+		// One would silently win over the other (a rotation with the old key still exported).
+		{"ValueAndFile", map[string]string{"BRAIN_SEALING_KEY": cur, "BRAIN_SEALING_KEY_FILE": file}, "", "", "both BRAIN_SEALING_KEY and BRAIN_SEALING_KEY_FILE are set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -230,7 +230,13 @@ func (a *app) sealer() (*registry.Sealer, error) {
 }
 
 func readKey(value, file, flag, envName string) ([]byte, error) {
-	if value == "" && file != "" {
+	if value != "" && file != "" {
+		// One would silently win: a rotation run with the new key in the
+		// file and the old one still exported would re-seal with the old.
+		return nil, &Error{Field: flag, Message: fmt.Sprintf("both %s (%s) and %s-file (%s_FILE) are set: give the key one way",
+			flag, envName, flag, envName)}
+	}
+	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
 			return nil, &Error{Field: flag + "-file", Message: fmt.Sprintf("read the key file: %v", err)}
