@@ -132,7 +132,9 @@ func InitOptionsFromEnv(getenv func(string) string) (InitOptions, error) {
 	if err := N8NMailFromEnv(&o.N8N, getenv); err != nil {
 		errs = append(errs, err)
 	}
-	if f := getenv("BRAIN_SEALING_KEY_FILE"); f != "" && o.SealingKey == "" {
+	if f := getenv("BRAIN_SEALING_KEY_FILE"); f != "" && o.SealingKey != "" {
+		errs = append(errs, errors.New("both BRAIN_SEALING_KEY and BRAIN_SEALING_KEY_FILE are set: give the key one way"))
+	} else if f != "" {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("BRAIN_SEALING_KEY_FILE: %w", err))

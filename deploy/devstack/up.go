@@ -159,7 +159,7 @@ Edge settings from the environment: EDGE_TURN_WAIT=%s EDGE_PUBLISH_TIMEOUT=%s ED
 n8n (README, "n8n"): credentials %s and settings %s are written;
 import them with the shipped workflows:
 
-  deploy/n8n/import.sh %s
+  deploy/n8n/import.sh %s imap webhook
 
 then run n8n with N8N_CUSTOM_EXTENSIONS="$PWD/deploy/n8n/nodes" (the Send Reply node, which
 threads the approved reply), and start this stack with EDGE_WEBHOOK_URL=http://127.0.0.1:5678/webhook/brain-events.

@@ -42,6 +42,10 @@ func TestUpStopsThePostgresItStarted(t *testing.T) {
 		if !strings.Contains(printed, "Ctrl-C stops everything, Postgres too;") {
 			t.Errorf("the stack does not say Ctrl-C stops its Postgres:\n%s", printed)
 		}
+		// The README's import command for make dev: both variants.
+		if !strings.Contains(printed, "deploy/n8n/import.sh "+filepath.Join(o.Dir, "n8n")+" imap webhook\n") {
+			t.Errorf("the stack does not print the README's n8n import command:\n%s", printed)
+		}
 		if connects(t, pgCfg) {
 			t.Fatal("Postgres still accepts connections after the stack it started has stopped")
 		}
