@@ -86,6 +86,14 @@ func newRelay(nc *nats.Conn, cfg Config, m *metrics, logger *slog.Logger) (*rela
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
 		return nil, fmt.Errorf("flush reply subscription: %w", err)
 	}
+	// The server answers a refused subscription before the flush's PONG,
+	// so a credential of another kind of user (the brain's, another
+	// account's) is found here, at start, not as turns that never get a
+	// reply while /readyz says ready.
+	if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subjects.LocalReply+`>"`) {
+		return nil, fmt.Errorf("the NATS server refuses this credential the tenant's replies (%s>): "+
+			"EDGE_NATS_CREDS must be the tenant's edge user's .creds: %w", subjects.LocalReply, err)
+	}
 	return r, nil
 }
 

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -620,4 +622,25 @@ func pgCode(err error) string {
 		return pe.Code
 	}
 	return ""
+}
+
+// An edge given another kind of user's credentials (here the brain's) does
+// not start: it names the setting, instead of serving turns that never get
+// a reply while /readyz says ready.
+func TestEdgeWithAnotherUsersCredentialsDoesNotStart(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("wrongcreds-a"))
+	cfg := s.stack.EdgeConfig(a)
+	cfg.CredsFile = s.stack.BrainConfig("wrongcreds").CredsFile
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = edge.Serve(ctx, ln, cfg, slog.New(s.logs.handler()).With("component", "edge"))
+	if err == nil || !strings.Contains(err.Error(), "EDGE_NATS_CREDS") || !strings.Contains(err.Error(), "reply.>") {
+		t.Fatalf("an edge with the brain's credentials: %v; want it to refuse to start, naming EDGE_NATS_CREDS", err)
+	}
 }
