@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"n8nbrain/deploy/localpg"
+	"n8nbrain/internal/testdb"
 )
 
 // Ctrl-C stops what make dev started: its Postgres too, unless the cluster
@@ -25,15 +26,7 @@ func TestUpStopsThePostgresItStarted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: skipping a test that runs the development stack on a Postgres cluster of its own")
 	}
-	root, err := os.MkdirTemp("", "devstack-up-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	if err := os.Chmod(root, 0o755); err != nil { // the server's OS user must reach it
-		t.Fatal(err)
-	}
-	o := UpOptions{Dir: filepath.Join(root, "data"), PGPort: freeTCPPort(t), NATSPort: freeTCPPort(t),
+	o := UpOptions{Dir: filepath.Join(testdb.ServerDir(t), "data"), PGPort: testdb.FreePort(t), NATSPort: testdb.FreePort(t),
 		EdgeAddr: "127.0.0.1:0", OpsAddr: "127.0.0.1:0", Replicas: 1, Getenv: func(string) string { return "" }}
 	pgCfg := localpg.Config{Dir: filepath.Join(o.Dir, "pg"), Port: o.PGPort}
 
@@ -82,7 +75,7 @@ func TestUpRefusesATakenPort(t *testing.T) {
 			}
 			defer taken.Close()
 			dir := t.TempDir()
-			o := UpOptions{Dir: dir, PGPort: freeTCPPort(t), NATSPort: freeTCPPort(t), EdgeAddr: "127.0.0.1:0",
+			o := UpOptions{Dir: dir, PGPort: testdb.FreePort(t), NATSPort: testdb.FreePort(t), EdgeAddr: "127.0.0.1:0",
 				OpsAddr: "127.0.0.1:0", Replicas: 1, Getenv: func(string) string { return "" }}
 			switch flag {
 			case "-edge-addr":
@@ -174,14 +167,4 @@ func (b *signalBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
-}
-
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

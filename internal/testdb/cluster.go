@@ -30,32 +30,46 @@ func PrivateCluster(t testing.TB) *localpg.Instance {
 	if testing.Short() {
 		t.Skip("-short: skipping a test that initialises a Postgres cluster of its own")
 	}
+	root := ServerDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	inst, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(root, "pg"), Port: FreePort(t)})
+	if err != nil {
+		t.Fatalf("start a private Postgres cluster: %v", err)
+	}
+	t.Cleanup(func() { // before ServerDir's removal: cleanups run last first
+		if err := inst.Stop(context.Background()); err != nil {
+			t.Errorf("stop the private Postgres cluster: %v", err)
+		}
+	})
+	return inst
+}
+
+// ServerDir is a temporary folder the Postgres server's OS user can reach
+// (t.TempDir's are the test user's alone), removed when the test ends: the
+// root of a cluster a test starts itself.
+func ServerDir(t testing.TB) string {
+	t.Helper()
 	root, err := os.MkdirTemp("", "brain-pg-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(root, 0o755); err != nil { // the server's OS user must reach it
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return root
+}
+
+// FreePort is a TCP port on 127.0.0.1 that was free when asked.
+func FreePort(t testing.TB) int {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	inst, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(root, "pg"), Port: port})
-	if err != nil {
-		t.Fatalf("start a private Postgres cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := inst.Stop(context.Background()); err != nil {
-			t.Errorf("stop the private Postgres cluster: %v", err)
-		}
-		os.RemoveAll(root)
-	})
-	return inst
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // TLSCluster is PrivateCluster serving TLS (ssl = on) with a certificate
