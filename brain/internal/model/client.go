@@ -244,14 +244,20 @@ func New(cfg Config, log *slog.Logger) (*Client, error) {
 	}
 	hc = withStatusErrors(hc)
 	c := &Client{cfg: cfg, log: log, api: api.NewClient(u, hc), slots: make(chan struct{}, cfg.MaxConcurrent)}
-	c.breaker = NewBreaker(cfg.Breaker, func(from, to BreakerState) {
+	c.breaker = NewBreaker(cfg.Breaker, logBreaker(log, "model circuit breaker changed state"))
+	return c, nil
+}
+
+// logBreaker logs a breaker's state changes: a WARN when it opens, INFO
+// otherwise.
+func logBreaker(log *slog.Logger, msg string) func(from, to BreakerState) {
+	return func(from, to BreakerState) {
 		lvl := slog.LevelInfo
 		if to == BreakerOpen {
 			lvl = slog.LevelWarn
 		}
-		log.Log(context.Background(), lvl, "model circuit breaker changed state", "from", string(from), "to", string(to))
-	})
-	return c, nil
+		log.Log(context.Background(), lvl, msg, "from", string(from), "to", string(to))
+	}
 }
 
 // BreakerState reports the shared circuit breaker's state.
@@ -281,14 +287,8 @@ func (c *Client) tenantBreaker(id string) *Breaker {
 	defer c.mu.Unlock()
 	b := c.tenantBr[id]
 	if b == nil {
-		b = NewBreaker(c.cfg.Breaker, func(from, to BreakerState) {
-			lvl := slog.LevelInfo
-			if to == BreakerOpen {
-				lvl = slog.LevelWarn
-			}
-			c.log.Log(context.Background(), lvl, "tenant's model circuit breaker changed state (it counts the tenant's unusable answers)",
-				"tenant_id", id, "from", string(from), "to", string(to))
-		})
+		b = NewBreaker(c.cfg.Breaker, logBreaker(c.log.With("tenant_id", id),
+			"tenant's model circuit breaker changed state (it counts the tenant's unusable answers)"))
 		if c.tenantBr == nil {
 			c.tenantBr = map[string]*Breaker{}
 		}
