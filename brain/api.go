@@ -26,7 +26,8 @@ import (
 // queues in its own subscription, not in front of another's calls. Calls
 // are then queued per tenant and answered by cfg.Workers workers round
 // robin between tenants, at most cfg.TenantWorkers of one tenant at once; a
-// tenant with apiMaxQueued calls already waiting is answered rate_limited.
+// tenant with apiMaxQueued calls already waiting is answered rate_limited,
+// and a tenant that keeps being refused is paused (see tenantAPI).
 type apiServer struct {
 	b     *brain
 	sched *fair.Scheduler[*nats.Msg]
@@ -50,14 +51,131 @@ func (b *brain) newAPIServer() *apiServer {
 	return a
 }
 
-// subscribe opens the API subscription of one tenant account.
-func (a *apiServer) subscribe(account string) (*nats.Subscription, error) {
-	return a.b.nc.QueueSubscribe(subjects.APISubject(account), subjects.APIQueue, func(m *nats.Msg) {
-		if !a.sched.TryPush(account, m, apiMaxQueued) {
-			a.b.respondAPIError(m, &wire.Error{Code: wire.CodeRateLimited, RetryAfter: 1,
-				Message: "this tenant has too many API calls waiting at the brain; retry in a moment"})
-		}
-	})
+// subscribe opens the API subscription of one tenant account, with its
+// flood breaker.
+func (a *apiServer) subscribe(account string, id registry.TenantID) (*tenantAPI, error) {
+	t := &tenantAPI{a: a, account: account, id: id}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.open(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// The flood breaker. Every call reaches the replica over its NATS
+// connection before it can be refused, so refusing a flood (rate_limited,
+// too large) does not stop its bytes: a tenant sending near-maximum
+// payloads from many connections can outrun what the replica reads, and
+// the server then cuts the replica's connection as a slow consumer. A
+// tenant refused floodRefusals times within floodWindow has its
+// subscription closed instead, so the server drops the flood at the
+// source (its callers see no responders, the edge answers 503) and opens
+// it again after a pause that doubles while the flood goes on.
+const (
+	floodWindow   = time.Second
+	floodRefusals = 64
+	floodPause    = 2 * time.Second
+	floodMaxPause = time.Minute
+)
+
+// tenantAPI is one tenant account's API subscription on this replica.
+type tenantAPI struct {
+	a       *apiServer
+	account string
+	id      registry.TenantID
+
+	mu       sync.Mutex
+	sub      *nats.Subscription // nil while paused
+	closed   bool
+	resume   *time.Timer
+	window   time.Time // start of the current refusal window
+	refused  int       // refusals in it
+	pause    time.Duration
+	pausedAt time.Time
+}
+
+// open subscribes; t.mu is held.
+func (t *tenantAPI) open() error {
+	sub, err := t.a.b.nc.QueueSubscribe(subjects.APISubject(t.account), subjects.APIQueue, t.receive)
+	if err != nil {
+		return err
+	}
+	t.sub = sub
+	return nil
+}
+
+// receive queues a call for the workers, or refuses it at once.
+func (t *tenantAPI) receive(m *nats.Msg) {
+	e := wire.CheckAPISize(m.Data)
+	switch {
+	case e != nil:
+	case !t.a.sched.TryPush(t.account, m, apiMaxQueued):
+		e = &wire.Error{Code: wire.CodeRateLimited, RetryAfter: 1,
+			Message: "this tenant has too many API calls waiting at the brain; retry in a moment"}
+	default:
+		return
+	}
+	t.a.b.respondAPIError(m, e)
+	t.refuse()
+}
+
+// refuse counts a refusal and pauses the subscription at the threshold.
+func (t *tenantAPI) refuse() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	if now.Sub(t.window) > floodWindow {
+		t.window, t.refused = now, 0
+	}
+	t.refused++
+	if t.refused < floodRefusals || t.sub == nil || t.closed {
+		return
+	}
+	_ = t.sub.Unsubscribe()
+	t.sub = nil
+	if now.Sub(t.pausedAt) > 2*t.pause+floodWindow {
+		t.pause = 0 // calm since the last pause: start over
+	}
+	t.pause = min(max(2*t.pause, floodPause), floodMaxPause)
+	t.pausedAt = now
+	t.a.b.inst.apiPauses.WithLabelValues(string(t.id)).Inc()
+	t.a.b.log.Warn("tenant flooding the API: its API calls are not taken on this replica for a while",
+		"tenant_id", t.id, "refused", t.refused, "window", floodWindow, "pause", t.pause)
+	t.resume = time.AfterFunc(t.pause, t.reopen)
+}
+
+// reopen ends a pause.
+func (t *tenantAPI) reopen() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || t.sub != nil {
+		return
+	}
+	t.window, t.refused = time.Time{}, 0
+	if err := t.open(); err != nil {
+		t.a.b.log.Warn("subscribe to a tenant's API after a pause; retrying", "tenant_id", t.id, "error", err)
+		t.resume = time.AfterFunc(floodPause, t.reopen)
+	}
+}
+
+// close closes the subscription for good; drain still hands the calls
+// already received to the workers.
+func (t *tenantAPI) close(drain bool) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	if t.resume != nil {
+		t.resume.Stop()
+	}
+	switch {
+	case t.sub == nil:
+		return nil
+	case drain:
+		return t.sub.Drain()
+	default:
+		return t.sub.Unsubscribe()
+	}
 }
 
 // stop ends the workers once the subscriptions are closed. Calls still

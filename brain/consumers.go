@@ -26,9 +26,9 @@ type consumers struct {
 	log   *slog.Logger
 
 	mu      sync.Mutex
-	running map[string]*tenantConsumer    // by account
-	missing map[string]time.Time          // account → when to look again
-	apiSubs map[string]*nats.Subscription // by account
+	running map[string]*tenantConsumer // by account
+	missing map[string]time.Time       // account → when to look again
+	apiSubs map[string]*tenantAPI      // by account
 }
 
 type tenantConsumer struct {
@@ -54,7 +54,7 @@ const (
 
 func newConsumers(js jetstream.JetStream, sched *fair.Scheduler[queued], log *slog.Logger) *consumers {
 	return &consumers{js: js, sched: sched, log: log, running: map[string]*tenantConsumer{}, missing: map[string]time.Time{},
-		apiSubs: map[string]*nats.Subscription{}}
+		apiSubs: map[string]*tenantAPI{}}
 }
 
 // run reconciles until ctx is done, then stops every consumer.
@@ -121,7 +121,7 @@ func (c *consumers) reconcileAPI(want map[string]registry.TenantID) {
 	defer c.mu.Unlock()
 	for acc, sub := range c.apiSubs {
 		if _, ok := want[acc]; !ok {
-			_ = sub.Unsubscribe()
+			_ = sub.close(false)
 			delete(c.apiSubs, acc)
 		}
 	}
@@ -129,7 +129,7 @@ func (c *consumers) reconcileAPI(want map[string]registry.TenantID) {
 		if _, ok := c.apiSubs[acc]; ok {
 			continue
 		}
-		sub, err := c.api.subscribe(acc)
+		sub, err := c.api.subscribe(acc, id)
 		if err != nil {
 			c.log.Warn("subscribe to a tenant's API; retrying", "tenant_id", id, "error", err)
 			continue
@@ -248,13 +248,13 @@ func (c *consumers) restart(acc string, tc *tenantConsumer) {
 func (c *consumers) stopAll() {
 	c.mu.Lock()
 	running, subs := c.running, c.apiSubs
-	c.running, c.apiSubs = map[string]*tenantConsumer{}, map[string]*nats.Subscription{}
+	c.running, c.apiSubs = map[string]*tenantConsumer{}, map[string]*tenantAPI{}
 	c.mu.Unlock()
 	for _, tc := range running {
 		tc.cc.Stop()
 	}
 	for _, sub := range subs {
-		_ = sub.Drain()
+		_ = sub.close(true)
 	}
 }
 

@@ -53,6 +53,7 @@ type instruments struct {
 	backlog   *prometheus.GaugeVec
 	modelCall *prometheus.HistogramVec
 	apiCalls  *prometheus.HistogramVec
+	apiPauses *prometheus.CounterVec
 	timers    *prometheus.CounterVec
 }
 
@@ -73,6 +74,9 @@ func newInstruments() *instruments {
 		apiCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "brain_api_call_seconds",
 			Help:    "Tenant API calls answered by this replica, by tenant, method and result (ok, or the error's code).",
 			Buckets: telemetry.LatencyBuckets}, []string{"tenant", "method", "result"}),
+		apiPauses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brain_tenant_api_paused_total",
+			Help: "Times this replica stopped taking a tenant's API calls for a while because it kept flooding them (see the README's fair scheduling)."},
+			[]string{"tenant"}),
 		timers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brain_timers_total",
 			Help: "Timers (approval expiry, outbox re-delivery) handled by this replica, by kind and result (ok, failed)."},
 			[]string{"kind", "result"}),
@@ -80,7 +84,7 @@ func newInstruments() *instruments {
 }
 
 func (in *instruments) collectors() []prometheus.Collector {
-	return []prometheus.Collector{in.stage, in.turns, in.backlog, in.modelCall, in.apiCalls, in.timers}
+	return []prometheus.Collector{in.stage, in.turns, in.backlog, in.modelCall, in.apiCalls, in.apiPauses, in.timers}
 }
 
 // observeStage records one stage of a turn; negative durations (clocks of

@@ -602,8 +602,9 @@ func TestDeadReplicasTurnIsRedeliveredInSeconds(t *testing.T) {
 
 // A tenant flooding the brain's API (straight on NATS) is queued behind its
 // own share of the workers, and refused (rate_limited) beyond a bounded
-// queue; another tenant's calls are answered meanwhile, not after the
-// flood: B's queued calls are still being answered when A's are done.
+// queue, then paused; another tenant's calls are answered meanwhile, not
+// after the flood: B's queued calls are still being answered when A's are
+// done.
 func TestAPIFloodIsBoundedPerTenant(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
@@ -650,8 +651,17 @@ func TestAPIFloodIsBoundedPerTenant(t *testing.T) {
 	}
 	took := time.Since(start)
 	answeredWhenAWasServed := answered.Load()
-	eventually(t, 2*time.Minute, "every flooded call to be answered", func() bool { return limited.Load()+answered.Load() == flood })
-	t.Logf("B's flood of %d: %d answered, %d rate_limited; %d had been answered when A's 5 calls were (in %s)",
+	// Calls beyond the queue are refused until the flood breaker pauses B's
+	// API; the calls sent during the pause get no answer at all.
+	last := int64(-1)
+	eventually(t, 2*time.Minute, "B's flooded calls to stop being answered", func() bool {
+		n := limited.Load() + answered.Load()
+		settled := n == last
+		last = n
+		time.Sleep(time.Second)
+		return settled
+	})
+	t.Logf("B's flood of %d: %d answered, %d rate_limited, the rest dropped while its API was paused; %d had been answered when A's 5 calls were (in %s)",
 		flood, answered.Load(), limited.Load(), answeredWhenAWasServed, took)
 	if limited.Load() == 0 {
 		t.Fatalf("%d calls at once were all queued: no bound on one tenant's waiting calls", flood)
@@ -767,5 +777,82 @@ func TestEventAckBatchMarksOnlyTheTenantsOwnEvents(t *testing.T) {
 			er.Error.Code != wire.CodeInvalid || er.Error.Field != c.field {
 			t.Errorf("%.80s: %s %s, want invalid on field %s", c.body, status, data, c.field)
 		}
+	}
+}
+
+// A tenant flooding the brain's API straight on NATS from 16 connections
+// costs only its own calls: another tenant's turns and API calls keep being
+// answered promptly, and the replica's connection is not cut as a slow
+// consumer (before the flood breaker it was, within seconds, and A's calls
+// waited 5 s for nothing). The flooder is paused, counted on /metrics, and
+// served again once it stops. Both floods: payloads beyond the API's limit
+// (refused on receipt) and valid-size calls the strict decoder refuses
+// (which fill the tenant's queue first).
+func TestAPIFloodFromManyConnectionsDoesNotStallOtherTenants(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		payload []byte
+	}{
+		{"oversized", []byte(`{"limit":1,"pad":"` + strings.Repeat("x", 252<<10) + `"}`)},
+		{"within limit", []byte(`{"limit":1,"pad":"` + strings.Repeat("x", wire.MaxAPIBytes-64) + `"}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSystem(t)
+			a, b := s.tenant(spec("bigflood-a")), s.tenant(spec("bigflood-b"))
+			_, ops := s.startOpsBrain("r1", nil)
+			ea := s.startEdge(a, nil)
+			ea.submit(quoteEmail("<bigflood-warm@x>")).reply(t)
+
+			ctx, stopFlood := context.WithTimeout(context.Background(), 8*time.Second)
+			defer stopFlood()
+			var sent atomic.Int64
+			var flooders sync.WaitGroup
+			const conns = 16
+			for range conns {
+				nc := s.tenantConn(b)
+				inbox := nc.NewRespInbox()
+				flooders.Go(func() {
+					for ctx.Err() == nil {
+						if err := nc.PublishRequest(subjects.APILocal(subjects.APIApprovalList), inbox, tc.payload); err != nil {
+							return
+						}
+						sent.Add(1)
+					}
+				})
+			}
+			time.Sleep(time.Second) // let the flood build up
+			var worst time.Duration
+			pairs := 0
+			for i := 0; ctx.Err() == nil; i++ {
+				start := time.Now()
+				ea.submit(quoteEmail(fmt.Sprintf("<bigflood-%d@x>", i))).reply(t)
+				if r := ea.do(http.MethodGet, "/v1/approvals", nil); r.Status != http.StatusOK {
+					t.Fatalf("A's API call during B's flood: %d %s", r.Status, r.Body)
+				}
+				worst = max(worst, time.Since(start))
+				pairs++
+			}
+			stopFlood()
+			flooders.Wait()
+			paused := metric(t, ops, `brain_tenant_api_paused_total{tenant="bigflood-b"}`)
+			t.Logf("B sent %d calls of %d KiB from %d connections and was paused %d times; A made %d turn+API pairs meanwhile, the slowest in %s",
+				sent.Load(), len(tc.payload)>>10, conns, paused, pairs, worst)
+			if pairs < 5 || worst > 2*time.Second {
+				t.Errorf("A's turn and API call took up to %s during B's flood (%d pairs in 7 s): A waited on B", worst, pairs)
+			}
+			if paused == 0 {
+				t.Errorf("B's flood never paused its API on the replica")
+			}
+			for _, line := range strings.Split(s.logs.String(), "\n") {
+				if strings.Contains(line, `"component":"brain"`) && strings.Contains(line, "nats disconnected") {
+					t.Errorf("the replica's connection was cut during B's flood: %.300s", line)
+				}
+			}
+			bnc := s.tenantConn(b)
+			eventually(t, time.Minute, "B's API to answer again after its flood", func() bool {
+				m, err := bnc.Request(subjects.APILocal(subjects.APIApprovalList), []byte(`{"limit":1}`), time.Second)
+				return err == nil && m.Header.Get(wire.HeaderStatus) == wire.StatusOK
+			})
+		})
 	}
 }

@@ -300,11 +300,20 @@ type OutcomeReport struct {
 	} `json:"turnaround"`
 }
 
+// CheckAPISize refuses a tenant API request beyond MaxAPIBytes; it is nil
+// within it.
+func CheckAPISize(data []byte) *Error {
+	if len(data) <= MaxAPIBytes {
+		return nil
+	}
+	return &Error{Code: CodeInvalid, Reason: ReasonTooLarge,
+		Message: fmt.Sprintf("request is %d bytes, the limit is %d", len(data), MaxAPIBytes)}
+}
+
 // DecodeAPI decodes a tenant API request strictly, with the size limit.
 func DecodeAPI(data []byte, v any) error {
-	if len(data) > MaxAPIBytes {
-		return &Error{Code: CodeInvalid, Reason: ReasonTooLarge,
-			Message: fmt.Sprintf("request is %d bytes, the limit is %d", len(data), MaxAPIBytes)}
+	if e := CheckAPISize(data); e != nil {
+		return e
 	}
 	if len(data) == 0 {
 		data = []byte("{}")
