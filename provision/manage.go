@@ -74,6 +74,16 @@ func SpecOf(t registry.Tenant) TenantSpec {
 // and UpdateTenant do; a *SpecError says what is wrong.
 func ValidateSpec(s TenantSpec) (TenantSpec, error) { return validateSpec(s) }
 
+// WithSettings is t with the settings of a validated spec: not its id,
+// account, database or rules.
+func WithSettings(t registry.Tenant, spec TenantSpec) registry.Tenant {
+	t.TurnCeiling, t.ApprovalMode, t.ApprovalTTL = spec.TurnCeiling, spec.ApprovalMode, spec.ApprovalTTL
+	t.CatalogueVersion, t.EnabledActions, t.Categories = spec.CatalogueVersion, spec.EnabledActions, spec.Categories
+	t.ModelName, t.ModelOptions, t.DailyTokenBudget = spec.ModelName, spec.ModelOptions, spec.DailyTokenBudget
+	t.Quota = spec.Quota
+	return t
+}
+
 // UpdateTenant changes a tenant's settings and rules: edit gets the spec of
 // the registry row and changes it; the result is validated as a new tenant's
 // would be (a *SpecError says what is wrong, and nothing changes) and
@@ -111,11 +121,7 @@ func (o *Ops) UpdateTenant(ctx context.Context, id registry.TenantID, edit func(
 		if spec, err = validateSpec(spec); err != nil {
 			return err
 		}
-		row := before
-		row.TurnCeiling, row.ApprovalMode, row.ApprovalTTL = spec.TurnCeiling, spec.ApprovalMode, spec.ApprovalTTL
-		row.CatalogueVersion, row.EnabledActions, row.Categories = spec.CatalogueVersion, spec.EnabledActions, spec.Categories
-		row.ModelName, row.ModelOptions, row.DailyTokenBudget = spec.ModelName, spec.ModelOptions, spec.DailyTokenBudget
-		row.Quota = spec.Quota
+		row := WithSettings(before, spec)
 		// Settings as they were are not written again: re-running an
 		// update changes nothing, updated_at included.
 		if !sameSettings(before, row) {

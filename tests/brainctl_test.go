@@ -54,6 +54,19 @@ func TestBrainctlTenantLifecycle(t *testing.T) {
 	if code := c.json(&again, "tenant", "create", "alpha", "--account", alpha.Account.Public); code != admin.ExitOK || again.Created {
 		t.Fatalf("second create: exit %d, %+v", code, again)
 	}
+	// The same settings again (in another order) are the same step; other
+	// settings are refused, not ignored: a create is not an update.
+	if code, out, errOut := c.run("tenant", "create", "alpha", "--account", alpha.Account.Public,
+		"--actions", "close_item,escalate_item,send_reply,draft_reply", "--turn-ceiling", "8"); code != admin.ExitOK || !strings.Contains(out, "exists") {
+		t.Fatalf("create again with the same settings: exit %d, %s%s", code, out, errOut)
+	}
+	if code, _, errOut := c.run("tenant", "create", "alpha", "--account", alpha.Account.Public, "--approval-mode", "mailbox", "--turn-ceiling", "3"); code != admin.ExitError ||
+		!strings.Contains(errOut, "approval_mode, turn_ceiling") || !strings.Contains(errOut, "tenant update") {
+		t.Fatalf("create again with other settings: exit %d, %s", code, errOut)
+	}
+	if out := c.ok("tenant", "show", "alpha"); !strings.Contains(out, "review_app") {
+		t.Fatalf("a refused create changed the tenant:\n%s", out)
+	}
 
 	s.startBrain("r1", nil)
 	ea := s.startEdge(alpha, func(c *edge.Config) { c.PublishTimeout = time.Second })
@@ -178,6 +191,10 @@ func TestBrainctlTenantLifecycle(t *testing.T) {
 	// Deleting again finds nothing left and says so.
 	if code := c.json(&del, "tenant", "delete", "alpha", "--account", alpha.Account.Public); code != admin.ExitOK || del.RegistryRow || del.DroppedDB || len(del.Roles) != 0 {
 		t.Fatalf("second delete: exit %d, %+v", code, del)
+	}
+	// A name that was never a tenant is not reported deleted.
+	if out := c.ok("tenant", "delete", "alpah"); !strings.Contains(out, "nothing of it was found") || strings.Contains(out, "deleted:") {
+		t.Fatalf("delete of a mistyped name: %s", out)
 	}
 	// Repairing a tenant that is gone fails and says which and why.
 	if code, _, errOut := c.run("tenant", "repair", "alpha"); code != admin.ExitError ||

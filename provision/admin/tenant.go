@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -199,10 +200,23 @@ func (c *tenantCreateCmd) Run(a *app) error {
 	existing, err := ops.Tenant(a.ctx, id)
 	switch {
 	case err == nil:
-		// Re-running the step is safe: the tenant stays as it is.
+		// Re-running the step is safe: the tenant stays as it is. Settings
+		// given that differ from it are refused rather than ignored, so a
+		// create is never mistaken for an update.
 		if existing.NATSAccount != c.Account {
 			return &Error{Tenant: c.ID, Field: "--account", Message: fmt.Sprintf(
 				"the tenant exists with NATS account %s, not %s: nothing was changed", existing.NATSAccount, c.Account)}
+		}
+		want := provision.SpecOf(existing)
+		if err := c.settings.apply(&want); err != nil {
+			return err
+		}
+		if want, err = provision.ValidateSpec(want); err != nil {
+			return tenantError(c.ID, err)
+		}
+		if diff := changes(asSets(viewOf(existing)), asSets(viewOf(provision.WithSettings(existing, want)))); len(diff) > 0 {
+			return &Error{Tenant: c.ID, Message: fmt.Sprintf("the tenant exists with other %s than given: nothing was changed; "+
+				"'brainctl tenant update' changes settings", strings.Join(diff, ", "))}
 		}
 		out.Tenant, out.Database = viewOf(existing), existing.DB.Name
 	case errors.Is(err, provision.ErrTenantNotFound):
@@ -320,6 +334,13 @@ func (c *tenantUpdateCmd) Run(a *app) error {
 		}
 		printTenant(w, out.Tenant)
 	})
+}
+
+// asSets is v with its lists sorted: the same actions or categories in
+// another order are the same settings.
+func asSets(v tenantView) tenantView {
+	v.EnabledActions, v.Categories = slices.Sorted(slices.Values(v.EnabledActions)), slices.Sorted(slices.Values(v.Categories))
+	return v
 }
 
 // changes names the fields that differ between two views.
@@ -478,7 +499,15 @@ func (c *tenantDeleteCmd) Run(a *app) error {
 		return tenantError(c.ID, err)
 	}
 	out.DeleteReport = rep
+	nothing := gone && len(out.StreamsDeleted) == 0 && !rep.RegistryRow && !rep.DroppedDB && len(rep.Roles) == 0
 	return a.out.emit(out, func(w io.Writer) {
+		if nothing {
+			// Deleting again is not an error (a delete that was interrupted
+			// finishes this way), but a mistyped name must not read as done.
+			fmt.Fprintf(w, "tenant %s: nothing of it was found (no registry row, database %s on %s, or roles), so nothing was deleted; check the name (brainctl tenant list)\n",
+				c.ID, rep.Database, rep.Cluster)
+			return
+		}
 		fmt.Fprintf(w, "tenant %s deleted:\n", c.ID)
 		var rows [][]string
 		yes := func(b bool) string {
