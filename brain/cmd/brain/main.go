@@ -16,12 +16,26 @@ import (
 	"n8nbrain/internal/healthcheck"
 	"n8nbrain/internal/loglevel"
 	"n8nbrain/internal/telemetry"
+	"n8nbrain/internal/usage"
 )
+
+const help = `brain runs one brain replica until SIGINT or SIGTERM. It takes no flags: it is
+configured from the environment (BRAIN_NATS_URL, BRAIN_NATS_CREDS, BRAIN_REGISTRY_URL,
+BRAIN_SEALING_KEY and the optional rest; README.md, section Configuration, lists them
+with their defaults).
+
+  brain              run a replica
+  brain healthcheck  ask the replica on BRAIN_OPS_ADDR whether it is ready (exit 0 or 1)
+  brain --help       this text
+`
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
 		cfg, err := brain.ConfigFromEnv(os.Getenv)
 		os.Exit(healthcheck.Main(cfg.OpsAddr, err))
+	}
+	if run, code := usage.Check("brain", os.Args[1:], help, os.Stdout, os.Stderr); !run {
+		os.Exit(code)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

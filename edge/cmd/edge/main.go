@@ -18,12 +18,25 @@ import (
 	"n8nbrain/internal/healthcheck"
 	"n8nbrain/internal/loglevel"
 	"n8nbrain/internal/telemetry"
+	"n8nbrain/internal/usage"
 )
+
+const help = `edge relays one tenant's n8n to the brain until SIGINT or SIGTERM. It takes no
+flags: it is configured from the environment (EDGE_NATS_URL, EDGE_NATS_CREDS, EDGE_TOKEN
+and the optional rest; README.md, section Configuration, lists them with their defaults).
+
+  edge              serve on EDGE_ADDR
+  edge healthcheck  ask the edge on EDGE_ADDR whether it is ready (exit 0 or 1)
+  edge --help       this text
+`
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
 		cfg, err := edge.ConfigFromEnv(os.Getenv)
 		os.Exit(healthcheck.Main(cfg.Addr, err))
+	}
+	if run, code := usage.Check("edge", os.Args[1:], help, os.Stdout, os.Stderr); !run {
+		os.Exit(code)
 	}
 	level, levelErr := loglevel.Parse("EDGE_LOG_LEVEL", os.Getenv("EDGE_LOG_LEVEL"))
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
