@@ -3,6 +3,7 @@ package brain
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"slices"
@@ -246,22 +247,14 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	}
 	var errs []error
 	keyVar := func(name string) []byte {
-		key := getenv(name)
-		if f := getenv(name + "_FILE"); f != "" && key != "" {
+		k, err := registry.ReadKey(getenv(name), getenv(name+"_FILE"))
+		var pathErr *fs.PathError
+		switch {
+		case errors.Is(err, registry.ErrKeyGivenTwice):
 			errs = append(errs, fmt.Errorf("both %s and %s_FILE are set: give the key one way", name, name))
-			return nil
-		} else if f != "" {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s_FILE: %w", name, err))
-			}
-			key = string(b)
-		}
-		if key == "" {
-			return nil
-		}
-		k, err := registry.ParseKey(key)
-		if err != nil {
+		case errors.As(err, &pathErr):
+			errs = append(errs, fmt.Errorf("%s_FILE: %w", name, err))
+		case err != nil:
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
 		return k

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 )
 
@@ -67,6 +68,32 @@ func ParseKey(s string) ([]byte, error) {
 		return nil, fmt.Errorf("sealing key must be %d hex characters", 2*KeySize)
 	}
 	return b, nil
+}
+
+// ErrKeyGivenTwice is ReadKey given both a key and a key file.
+var ErrKeyGivenTwice = errors.New("both the key and a key file are given: give the key one way")
+
+// ReadKey is a key given as its value or as the path of a file holding it
+// (VAR or VAR_FILE, --flag or --flag-file): a nil key when neither is
+// given, and ErrKeyGivenTwice when both are, since one would silently win
+// (a rotation run with the new key in the file and the old one still
+// exported would re-seal with the old). A file that cannot be read is an
+// *fs.PathError.
+func ReadKey(value, file string) ([]byte, error) {
+	if value != "" && file != "" {
+		return nil, ErrKeyGivenTwice
+	}
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, err
+		}
+		value = string(b)
+	}
+	if value == "" {
+		return nil, nil
+	}
+	return ParseKey(value)
 }
 
 // NewKey returns a random key as hex, for the ops tool and the dev stack.

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -230,24 +230,15 @@ func (a *app) sealer() (*registry.Sealer, error) {
 }
 
 func readKey(value, file, flag, envName string) ([]byte, error) {
-	if value != "" && file != "" {
-		// One would silently win: a rotation run with the new key in the
-		// file and the old one still exported would re-seal with the old.
+	k, err := registry.ReadKey(value, file)
+	var pathErr *fs.PathError
+	switch {
+	case errors.Is(err, registry.ErrKeyGivenTwice):
 		return nil, &Error{Field: flag, Message: fmt.Sprintf("both %s (%s) and %s-file (%s_FILE) are set: give the key one way",
 			flag, envName, flag, envName)}
-	}
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return nil, &Error{Field: flag + "-file", Message: fmt.Sprintf("read the key file: %v", err)}
-		}
-		value = string(b)
-	}
-	if value == "" {
-		return nil, nil
-	}
-	k, err := registry.ParseKey(value)
-	if err != nil {
+	case errors.As(err, &pathErr):
+		return nil, &Error{Field: flag + "-file", Message: fmt.Sprintf("read the key file: %v", err)}
+	case err != nil:
 		return nil, &Error{Field: flag, Message: fmt.Sprintf("%v (%s)", err, envName)}
 	}
 	return k, nil
