@@ -7,7 +7,8 @@
 // that still has work and a free slot goes to the back. So a quiet tenant's
 // turn waits for at most one free worker, never behind another tenant's
 // backlog, and a noisy tenant can hold at most PerKey workers however much
-// it queues.
+// it queues. Slots does the same for a fixed number of slots (the model's
+// calls in flight) that callers wait for rather than queue work onto.
 package fair
 
 import (

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"n8nbrain/brain/internal/fair"
 	"n8nbrain/internal/telemetry"
 )
 
@@ -38,7 +39,8 @@ type Config struct {
 	// server answers one or two at a time and queues the rest; queued there,
 	// a call's timeout would run out while it waits. Waiting here is bounded
 	// by the caller's context instead, and Timeout measures the model's own
-	// work. Default 2.
+	// work. Free slots go round robin between the tenants waiting
+	// (Request.Tenant), not first come first served. Default 2.
 	MaxConcurrent int
 	Breaker       BreakerConfig
 	// HTTPClient, when set, replaces the client's own (tests).
@@ -215,7 +217,7 @@ type Client struct {
 	log     *slog.Logger
 	api     *api.Client
 	breaker *Breaker
-	slots   chan struct{} // MaxConcurrent calls in flight
+	slots   *fair.Slots // MaxConcurrent calls in flight, granted round robin between tenants
 
 	mu       sync.Mutex
 	tenantBr map[string]*Breaker // Request.Tenant's breakers, made on first use
@@ -243,7 +245,7 @@ func New(cfg Config, log *slog.Logger) (*Client, error) {
 		}}
 	}
 	hc = withStatusErrors(hc)
-	c := &Client{cfg: cfg, log: log, api: api.NewClient(u, hc), slots: make(chan struct{}, cfg.MaxConcurrent)}
+	c := &Client{cfg: cfg, log: log, api: api.NewClient(u, hc), slots: fair.NewSlots(cfg.MaxConcurrent)}
 	c.breaker = NewBreaker(cfg.Breaker, logBreaker(log, "model circuit breaker changed state"))
 	return c, nil
 }
@@ -325,21 +327,19 @@ func (c *Client) Ping(ctx context.Context) (string, error) {
 func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 	var resp Response
 	for try := 1; ; try++ {
-		select {
-		case c.slots <- struct{}{}:
-		case <-ctx.Done():
-			return resp, fmt.Errorf("model call: waiting for a free slot: %w", context.Cause(ctx))
+		if err := c.slots.Acquire(ctx, string(req.Tenant)); err != nil {
+			return resp, fmt.Errorf("model call: waiting for a free slot: %w", err)
 		}
 		done, err := c.breaker.Allow()
 		if err != nil {
-			<-c.slots
+			c.slots.Release()
 			return resp, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
 		}
 		tenantDone := func(Result) {}
 		if tb := c.tenantBreaker(req.Tenant); tb != nil {
 			if tenantDone, err = tb.Allow(); err != nil {
 				done(ResultIgnore)
-				<-c.slots
+				c.slots.Release()
 				return resp, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
 			}
 		}
@@ -365,7 +365,7 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 		}
 		done(res)
 		tenantDone(tenantRes)
-		<-c.slots
+		c.slots.Release()
 		resp.Calls = append(resp.Calls, call)
 		if err == nil {
 			resp.Content, resp.DoneReason = got.Message.Content, got.DoneReason

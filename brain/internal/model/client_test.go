@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,6 +225,64 @@ func TestChatConcurrencyBound(t *testing.T) {
 	// The slot is free again.
 	if _, err := c.Chat(context.Background(), chatReq); err != nil || f.Calls() != 2 {
 		t.Fatalf("third call: %v, server saw %d", err, f.Calls())
+	}
+}
+
+// With every slot busy, the next free one goes to a tenant that has not had
+// one rather than to the tenant with the most calls waiting: quiet's call,
+// made after three of noisy's were waiting, is the server's third, not its
+// fifth.
+func TestChatSlotsGoRoundRobinBetweenTenants(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var order []string
+	arrived := make(chan struct{}, 8)
+	release := make(chan struct{}, 8)
+	f := ollamafake.New(t, func(r *api.ChatRequest) ollamafake.Reply {
+		mu.Lock()
+		order = append(order, r.Messages[1].Content)
+		mu.Unlock()
+		done := make(chan struct{})
+		go func() { <-release; close(done) }()
+		arrived <- struct{}{}
+		return ollamafake.Reply{Wait: done, Content: "{}"}
+	})
+	c := newClient(t, f.URL(), func(c *Config) { c.MaxConcurrent = 1 })
+	errs := make(chan error, 5)
+	call := func(tenant string) {
+		req := chatReq
+		req.Tenant = tenant
+		req.Messages = []Message{{Role: RoleSystem, Content: "sys"}, {Role: RoleUser, Content: tenant}}
+		go func() { _, err := c.Chat(context.Background(), req); errs <- err }()
+	}
+	call("noisy")
+	<-arrived
+	for i := range 3 {
+		call("noisy")
+		waiting(t, c, "noisy", i+1)
+	}
+	call("quiet")
+	waiting(t, c, "quiet", 1)
+	for range 5 {
+		release <- struct{}{}
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []string{"noisy", "noisy", "quiet", "noisy", "noisy"}; !slices.Equal(order, want) {
+		t.Fatalf("the server was called for %q, want %q", order, want)
+	}
+}
+
+// waiting waits until n of tenant's calls wait for a slot.
+func waiting(t *testing.T, c *Client, tenant string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.slots.Waiting(tenant) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %s's calls wait for a slot, want %d", c.slots.Waiting(tenant), tenant, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
