@@ -11,16 +11,20 @@ dev:
 	@# exec, not go run: go run exits 1 after Ctrl-C, which make reports as an error.
 	@exec bin/devstack up
 
+# PG_PORT: the port of the test cluster in .data/pg (.ci/run picks a free one
+# when another checkout's cluster holds the default).
+PG_PORT ?= 55432
+
 ## test: the whole suite against a real local Postgres and embedded NATS (what CI runs)
 test:
 	@deploy/ensure-postgres.sh
-	@pg="$$($(GO) run ./deploy/cmd/devstack pg-env)" && eval "$$pg" && $(GO) test -race -count=1 -timeout 25m $(PKGS)
+	@pg="$$($(GO) run ./deploy/cmd/devstack pg-env -pg-port $(PG_PORT))" && eval "$$pg" && $(GO) test -race -count=1 -timeout 25m $(PKGS)
 
 ## e2e: the shipped n8n workflows in a real n8n (from npm) with a real IMAP (dovecot) and SMTP server, alone (README "n8n")
 e2e:
 	@deploy/ensure-postgres.sh
 	@tests/e2e/setup.sh
-	@pg="$$($(GO) run ./deploy/cmd/devstack pg-env)" && eval "$$pg" && $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/
+	@pg="$$($(GO) run ./deploy/cmd/devstack pg-env -pg-port $(PG_PORT))" && eval "$$pg" && $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/
 
 ## test-short: the tests that need no Postgres (the others skip and say so)
 test-short:
