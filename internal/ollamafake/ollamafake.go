@@ -39,6 +39,9 @@ type Reply struct {
 	Wait <-chan struct{}
 	// Hijack closes the connection without an answer (a transport error).
 	Hijack bool
+	// Model, when set, is the model the answer names instead of the one
+	// asked for (a server or proxy that lies about what answered).
+	Model string
 }
 
 // ChatFunc scripts the server: it sees each decoded chat request and says
@@ -173,8 +176,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		reason = "stop"
 	}
 	total := time.Since(start) + time.Millisecond
+	model := req.Model
+	if rep.Model != "" {
+		model = rep.Model
+	}
 	writeJSON(w, http.StatusOK, api.ChatResponse{
-		Model:      req.Model,
+		Model:      model,
 		CreatedAt:  time.Now().UTC(),
 		Message:    api.Message{Role: "assistant", Content: rep.Content},
 		Done:       true,

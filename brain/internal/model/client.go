@@ -188,6 +188,7 @@ const (
 	KindTransport   ErrorKind = "transport"
 	KindStatus      ErrorKind = "status"
 	KindBreakerOpen ErrorKind = "breaker_open"
+	KindWrongModel  ErrorKind = "wrong_model" // the answer names another model than asked
 )
 
 // Error is a chat that failed on the server's side. It deliberately carries
@@ -442,6 +443,15 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 			c.log.Warn("model server reported an implausible token count; clamped",
 				"prompt_tokens", got.PromptEvalCount, "output_tokens", got.EvalCount, "max", MaxCallTokens)
 		}
+		if !sameModel(req.Model, got.Model) {
+			// What the ledger and the decision say answered must be what
+			// did: a server or proxy that swaps the model is broken, and its
+			// answer is not used (its tokens still count: they were spent).
+			call.Outcome = OutcomeError
+			c.log.Warn("model server answered with another model than asked; the answer is not used",
+				"asked", req.Model, "answered", truncate(got.Model, 200))
+			return nil, call, ResultFailure, false, &Error{Kind: KindWrongModel}
+		}
 		return got, call, ResultSuccess, false, nil
 	}
 	call.Outcome = OutcomeError
@@ -470,6 +480,27 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 	// Connection refused or reset, a malformed answer: the error text may
 	// quote the body, so only the kind is kept.
 	return nil, call, ResultFailure, true, &Error{Kind: KindTransport}
+}
+
+// sameModel reports whether an answer naming model got is from the model
+// asked for: the same name, an implicit ":latest" tag aside (Ollama's
+// default tag).
+func sameModel(asked, got string) bool {
+	tagged := func(m string) string {
+		if i := strings.LastIndexAny(m, ":/"); i < 0 || m[i] == '/' {
+			return m + ":latest"
+		}
+		return m
+	}
+	return got == asked || (got != "" && tagged(got) == tagged(asked))
+}
+
+// truncate is s cut to at most n bytes, for logging a value a server chose.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // withStatusErrors returns a copy of hc whose answers of status 400 or more

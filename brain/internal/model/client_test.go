@@ -54,6 +54,10 @@ func TestChat(t *testing.T) {
 		{"NotFoundNotRetried", []ollamafake.Reply{{Status: 404, Error: "model 'm' not found"}}, KindStatus, []Outcome{OutcomeError}},
 		{"TransportErrorRetried", []ollamafake.Reply{{Hijack: true}, {Content: `{}`}}, "", []Outcome{OutcomeError, OutcomeOK}},
 		{"TransportErrorTwice", []ollamafake.Reply{{Hijack: true}}, KindTransport, []Outcome{OutcomeError, OutcomeError}},
+		// A server that answers with another model than asked is not
+		// believed, nor asked again; the implicit :latest tag is no swap.
+		{"AnotherModelNotUsed", []ollamafake.Reply{{Content: `{"a":1}`, Model: "cheaper-model"}}, KindWrongModel, []Outcome{OutcomeError}},
+		{"LatestTagIsTheSameModel", []ollamafake.Reply{{Content: `{}`, Model: "m:latest"}}, "", []Outcome{OutcomeOK}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -465,5 +469,27 @@ func TestChatTenantsUnusableAnswersOpenOnlyTheirBreaker(t *testing.T) {
 	clean := Request{Model: "m", Messages: []Message{{Role: RoleUser, Content: "hello"}}, Check: check, Tenant: "a"}
 	if resp, err := c.Chat(context.Background(), clean); err != nil || resp.Content != `{}` || f.Calls() != 4 {
 		t.Fatalf("A's call after B's breaker opened: %+v %v (server saw %d)", resp, err, f.Calls())
+	}
+}
+
+func TestSameModel(t *testing.T) {
+	for _, tc := range []struct {
+		asked, got string
+		same       bool
+	}{
+		{"m", "m", true},
+		{"m", "m:latest", true},
+		{"m:latest", "m", true},
+		{"qwen2.5:7b", "qwen2.5:7b", true},
+		{"qwen2.5:7b", "qwen2.5:3b", false},
+		{"qwen2.5:7b", "qwen2.5", false},
+		{"hf.co/org/m", "hf.co/org/m:latest", true},
+		{"host:5000/m", "host:5000/m:latest", true},
+		{"m", "", false},
+		{"m", "other", false},
+	} {
+		if got := sameModel(tc.asked, tc.got); got != tc.same {
+			t.Errorf("sameModel(%q, %q) = %v, want %v", tc.asked, tc.got, got, tc.same)
+		}
 	}
 }
