@@ -28,6 +28,8 @@ type Reply struct {
 	// error body {"error": Error} instead.
 	Status int
 	Error  string
+	// RetryAfter, when set, is sent as the Retry-After header (with Status).
+	RetryAfter string
 	// PromptTokens and OutputTokens are reported as prompt_eval_count and
 	// eval_count; when 0, they are estimated from the text (4 bytes a token).
 	PromptTokens int
@@ -155,6 +157,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		msg := rep.Error
 		if msg == "" {
 			msg = http.StatusText(rep.Status)
+		}
+		if rep.RetryAfter != "" {
+			w.Header().Set("Retry-After", rep.RetryAfter)
 		}
 		writeJSON(w, rep.Status, map[string]string{"error": msg})
 		return

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -197,6 +198,9 @@ type Error struct {
 	Kind       ErrorKind
 	StatusCode int // with KindStatus
 	Attempts   int // HTTP calls made
+	// RetryAfter is the server's Retry-After on a 429 or 5xx, when it
+	// gave one.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -319,8 +323,10 @@ func (c *Client) Ping(ctx context.Context) (string, error) {
 	return v, nil
 }
 
-// Chat sends one chat (stream off) and returns the answer. Transport errors
-// and 5xx are retried once; timeouts are not (a server too slow to answer
+// Chat sends one chat (stream off) and returns the answer. Transport errors,
+// 5xx and 429 are retried once, after the server's Retry-After when it
+// gives one of at most maxRetryAfter (a longer one is not retried); timeouts
+// are not (a server too slow to answer
 // in time would only be asked to do the same work again), nor are 4xx, nor
 // answers that req.Check refuses (a repair is the caller's to ask).
 // A failure is an *Error (errors.Is ErrUnavailable) unless ctx itself ended,
@@ -382,7 +388,11 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 		if !retry || try == 2 {
 			return resp, err
 		}
-		t := time.NewTimer(c.cfg.RetryDelay)
+		delay := c.cfg.RetryDelay
+		if me != nil && me.RetryAfter > 0 {
+			delay = me.RetryAfter
+		}
+		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -468,8 +478,21 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 		call.Outcome = OutcomeTimeout
 		return nil, call, ResultFailure, false, &Error{Kind: KindTimeout}
 	case errors.As(err, &se):
-		if se.StatusCode >= 500 {
-			return nil, call, ResultFailure, true, &Error{Kind: KindStatus, StatusCode: se.StatusCode}
+		var after time.Duration
+		var ra retryAfterError
+		if errors.As(err, &ra) {
+			after = ra.after
+		}
+		switch {
+		case after > maxRetryAfter:
+			// Asked to come back later than a turn can wait: the item is
+			// escalated now, and a re-drive asks again.
+			return nil, call, ResultSuccess, false, &Error{Kind: KindStatus, StatusCode: se.StatusCode, RetryAfter: after}
+		case se.StatusCode == http.StatusTooManyRequests:
+			// Busy, not broken: retried once, after the wait it asked for.
+			return nil, call, ResultSuccess, true, &Error{Kind: KindStatus, StatusCode: se.StatusCode, RetryAfter: after}
+		case se.StatusCode >= 500:
+			return nil, call, ResultFailure, true, &Error{Kind: KindStatus, StatusCode: se.StatusCode, RetryAfter: after}
 		}
 		// A 4xx (unknown model, bad request): the server is up but will not
 		// do this; retrying the same request cannot help.
@@ -528,5 +551,38 @@ func (t statusTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so the connection is reused
 	resp.Body.Close()
-	return nil, api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status}
+	se := api.StatusError{StatusCode: resp.StatusCode, Status: resp.Status}
+	if after, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+		return nil, retryAfterError{se, after}
+	}
+	return nil, se
+}
+
+// maxRetryAfter is the longest Retry-After a call waits for before its one
+// retry; a longer one is not waited for.
+const maxRetryAfter = 10 * time.Second
+
+// retryAfterError is an error status that came with a Retry-After.
+type retryAfterError struct {
+	api.StatusError
+	after time.Duration
+}
+
+func (e retryAfterError) Unwrap() error { return e.StatusError }
+
+// parseRetryAfter reads a Retry-After header: seconds, or an HTTP date.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 {
+			return 0, false
+		}
+		return time.Duration(min(n, 1<<20)) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
 }

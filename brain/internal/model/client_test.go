@@ -58,6 +58,13 @@ func TestChat(t *testing.T) {
 		// believed, nor asked again; the implicit :latest tag is no swap.
 		{"AnotherModelNotUsed", []ollamafake.Reply{{Content: `{"a":1}`, Model: "cheaper-model"}}, KindWrongModel, []Outcome{OutcomeError}},
 		{"LatestTagIsTheSameModel", []ollamafake.Reply{{Content: `{}`, Model: "m:latest"}}, "", []Outcome{OutcomeOK}},
+		// Busy: asked again once, after the wait the server asked for
+		// (TestChatWaitsTheRetryAfter), unless it is longer than a turn
+		// can wait.
+		{"TooManyRequestsRetriedOnce", []ollamafake.Reply{{Status: 429, RetryAfter: "0"}, {Content: `{}`}}, "", []Outcome{OutcomeError, OutcomeOK}},
+		{"TooManyRequestsTwice", []ollamafake.Reply{{Status: 429}}, KindStatus, []Outcome{OutcomeError, OutcomeError}},
+		{"RetryAfterTooLongNotWaitedFor", []ollamafake.Reply{{Status: 429, RetryAfter: "3600"}, {Content: `{}`}}, KindStatus, []Outcome{OutcomeError}},
+		{"ServerErrorRetryAfterTooLong", []ollamafake.Reply{{Status: 503, RetryAfter: "120"}, {Content: `{}`}}, KindStatus, []Outcome{OutcomeError}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -410,13 +417,14 @@ func TestChatRefusesAnUnfinishedAnswer(t *testing.T) {
 }
 
 // An error status is a status error with or without a body: a 4xx is not
-// retried and says nothing against the server, a 5xx is retried once.
+// retried and says nothing against the server, a 5xx and a 429 (busy) are
+// retried once.
 func TestChatErrorStatusWithoutBody(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		code  int
 		calls int
-	}{{404, 1}, {429, 1}, {500, 2}, {503, 2}} {
+	}{{404, 1}, {429, 2}, {500, 2}, {503, 2}} {
 		t.Run(strconv.Itoa(tc.code), func(t *testing.T) {
 			t.Parallel()
 			url := rawServer(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(tc.code) })
@@ -490,6 +498,53 @@ func TestSameModel(t *testing.T) {
 	} {
 		if got := sameModel(tc.asked, tc.got); got != tc.same {
 			t.Errorf("sameModel(%q, %q) = %v, want %v", tc.asked, tc.got, got, tc.same)
+		}
+	}
+}
+
+// The retry after a 429 waits what the server's Retry-After asked, not the
+// client's own short delay.
+func TestChatWaitsTheRetryAfter(t *testing.T) {
+	t.Parallel()
+	f := ollamafake.New(t, nil)
+	var mu sync.Mutex
+	var at []time.Time
+	f.SetChatFunc(func(*api.ChatRequest) ollamafake.Reply {
+		mu.Lock()
+		defer mu.Unlock()
+		at = append(at, time.Now())
+		if len(at) == 1 {
+			return ollamafake.Reply{Status: http.StatusTooManyRequests, RetryAfter: "1"}
+		}
+		return ollamafake.Reply{Content: `{}`}
+	})
+	c := newClient(t, f.URL(), nil) // RetryDelay 1ms
+	if _, err := c.Chat(context.Background(), chatReq); err != nil {
+		t.Fatal(err)
+	}
+	if len(at) != 2 || at[1].Sub(at[0]) < 900*time.Millisecond {
+		t.Fatalf("%d calls, the retry %s after the 429 with Retry-After: 1", len(at), at[len(at)-1].Sub(at[0]))
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		v    string
+		want time.Duration
+		ok   bool
+	}{
+		{"", 0, false},
+		{"3", 3 * time.Second, true},
+		{"-1", 0, false},
+		{"soon", 0, false},
+		{now.Add(5 * time.Second).Format(http.TimeFormat), 5 * time.Second, true},
+		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
+		{"99999999999999", (1 << 20) * time.Second, true},
+	} {
+		got, ok := parseRetryAfter(tc.v, now)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("parseRetryAfter(%q) = %s, %v; want %s, %v", tc.v, got, ok, tc.want, tc.ok)
 		}
 	}
 }
