@@ -206,6 +206,14 @@ func (r *run) save(step string, cp checkpoint) error {
 
 func (r *run) classify() (classification, string, error) {
 	t, v := r.in.Tenant, r.in.Item.CatalogueVersion
+	if _, err := catalogue.Get(v); err != nil {
+		// The tenant is pinned to a version a newer release published and
+		// this brain does not know (a rollback): nothing the model could
+		// choose would be admitted, so no call is paid for.
+		r.log.Warn("the tenant's catalogue version is unknown to this brain: items escalate without a model call; upgrade the brain or pin a published version",
+			"catalogue_version", v, "error", err)
+		return classification{}, engine.ReasonActionNotAdmitted, nil
+	}
 	acts := choices(t, v)
 	system, user := classifyMessages(t, r.in.Item.Email, acts)
 	var c classification

@@ -524,3 +524,27 @@ func TestRepairResumesAfterACrash(t *testing.T) {
 		t.Fatalf("the repair is attempt %d, want 2", rt.ledger[1].Attempt)
 	}
 }
+
+// An item pinned to a catalogue version this brain does not know (a newer
+// release published it, then was rolled back) escalates without a model
+// call: nothing the model could choose would be admitted.
+func TestUnknownCatalogueVersionCallsNoModel(t *testing.T) {
+	t.Parallel()
+	chat := &fakeChat{ChatFunc: func(step string, _ int, _ model.Request) (model.Response, error) {
+		t.Errorf("the model was called (%s) for an item of an unknown catalogue version", step)
+		return answer(goodClassify), nil
+	}}
+	in := input()
+	in.Item.CatalogueVersion = 99
+	var logs strings.Builder
+	out, err := engine.New(newStage(chat, &logs)).Decide(context.Background(), in, &fakeRuntime{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Status != wire.WorkItemStatusEscalated || out.Reason != engine.ReasonActionNotAdmitted || !out.NeedsHuman {
+		t.Fatalf("outcome %+v, want escalated %s for a human", out, engine.ReasonActionNotAdmitted)
+	}
+	if !strings.Contains(logs.String(), "catalogue version is unknown") {
+		t.Fatalf("nothing logged for the operator: %s", logs.String())
+	}
+}
