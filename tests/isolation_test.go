@@ -609,7 +609,7 @@ func TestAPIFloodIsBoundedPerTenant(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
 	a, b := s.tenant(spec("apiflood-a")), s.tenant(spec("apiflood-b"))
-	s.startBrain("r1", nil)
+	_, ops := s.startOpsBrain("r1", nil)
 	ea := s.startEdge(a, nil)
 	// B's calls are heavy: a full page of its 300 pending approvals each.
 	if _, err := s.tenantDB(b).Exec(context.Background(), `
@@ -665,6 +665,9 @@ func TestAPIFloodIsBoundedPerTenant(t *testing.T) {
 		flood, answered.Load(), limited.Load(), answeredWhenAWasServed, took)
 	if limited.Load() == 0 {
 		t.Fatalf("%d calls at once were all queued: no bound on one tenant's waiting calls", flood)
+	}
+	if limited.Load()+answered.Load() < flood && metric(t, ops, `brain_tenant_api_paused_total{tenant="apiflood-b"}`) == 0 {
+		t.Fatalf("some of B's calls got no answer, but its API was never paused")
 	}
 	if answeredWhenAWasServed >= answered.Load() {
 		t.Fatalf("A's calls were answered only after all of B's queued calls: they waited behind B's flood")
@@ -781,78 +784,76 @@ func TestEventAckBatchMarksOnlyTheTenantsOwnEvents(t *testing.T) {
 }
 
 // A tenant flooding the brain's API straight on NATS from 16 connections
-// costs only its own calls: another tenant's turns and API calls keep being
-// answered promptly, and the replica's connection is not cut as a slow
-// consumer (before the flood breaker it was, within seconds, and A's calls
-// waited 5 s for nothing). The flooder is paused, counted on /metrics, and
-// served again once it stops. Both floods: payloads beyond the API's limit
-// (refused on receipt) and valid-size calls the strict decoder refuses
-// (which fill the tenant's queue first).
+// with payloads beyond the API's limit costs only its own calls: another
+// tenant's turns and API calls keep being answered promptly, and the
+// replica's connection is not cut as a slow consumer. Before the flood
+// breaker it was, within seconds: A's API call got 503 after 5 s and its
+// turn 202 after 15 s. The flooder is paused, counted on /metrics, and
+// served again once it stops.
+//
+// Under the race detector the whole system, NATS server and flooders
+// included, runs several times slower: the flood no longer outruns the
+// replica, so the test proves nothing there. `make test` runs it again
+// without -race (the Makefile's NORACE_TESTS).
 func TestAPIFloodFromManyConnectionsDoesNotStallOtherTenants(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		payload []byte
-	}{
-		{"oversized", []byte(`{"limit":1,"pad":"` + strings.Repeat("x", 252<<10) + `"}`)},
-		{"within limit", []byte(`{"limit":1,"pad":"` + strings.Repeat("x", wire.MaxAPIBytes-64) + `"}`)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := newSystem(t)
-			a, b := s.tenant(spec("bigflood-a")), s.tenant(spec("bigflood-b"))
-			_, ops := s.startOpsBrain("r1", nil)
-			ea := s.startEdge(a, nil)
-			ea.submit(quoteEmail("<bigflood-warm@x>")).reply(t)
+	if raceDetector {
+		t.Skip("meaningless under -race (see the comment); make test runs it without -race")
+	}
+	s := newSystem(t)
+	a, b := s.tenant(spec("bigflood-a")), s.tenant(spec("bigflood-b"))
+	_, ops := s.startOpsBrain("r1", nil)
+	ea := s.startEdge(a, nil)
+	ea.submit(quoteEmail("<bigflood-warm@x>")).reply(t)
 
-			ctx, stopFlood := context.WithTimeout(context.Background(), 8*time.Second)
-			defer stopFlood()
-			var sent atomic.Int64
-			var flooders sync.WaitGroup
-			const conns = 16
-			for range conns {
-				nc := s.tenantConn(b)
-				inbox := nc.NewRespInbox()
-				flooders.Go(func() {
-					for ctx.Err() == nil {
-						if err := nc.PublishRequest(subjects.APILocal(subjects.APIApprovalList), inbox, tc.payload); err != nil {
-							return
-						}
-						sent.Add(1)
-					}
-				})
-			}
-			time.Sleep(time.Second) // let the flood build up
-			var worst time.Duration
-			pairs := 0
-			for i := 0; ctx.Err() == nil; i++ {
-				start := time.Now()
-				ea.submit(quoteEmail(fmt.Sprintf("<bigflood-%d@x>", i))).reply(t)
-				if r := ea.do(http.MethodGet, "/v1/approvals", nil); r.Status != http.StatusOK {
-					t.Fatalf("A's API call during B's flood: %d %s", r.Status, r.Body)
+	payload := []byte(`{"limit":1,"pad":"` + strings.Repeat("x", 252<<10) + `"}`)
+	ctx, stopFlood := context.WithTimeout(context.Background(), 8*time.Second)
+	defer stopFlood()
+	var sent atomic.Int64
+	var flooders sync.WaitGroup
+	const conns = 16
+	for range conns {
+		nc := s.tenantConn(b)
+		inbox := nc.NewRespInbox()
+		flooders.Go(func() {
+			for ctx.Err() == nil {
+				if err := nc.PublishRequest(subjects.APILocal(subjects.APIApprovalList), inbox, payload); err != nil {
+					return
 				}
-				worst = max(worst, time.Since(start))
-				pairs++
+				sent.Add(1)
 			}
-			stopFlood()
-			flooders.Wait()
-			paused := metric(t, ops, `brain_tenant_api_paused_total{tenant="bigflood-b"}`)
-			t.Logf("B sent %d calls of %d KiB from %d connections and was paused %d times; A made %d turn+API pairs meanwhile, the slowest in %s",
-				sent.Load(), len(tc.payload)>>10, conns, paused, pairs, worst)
-			if pairs < 5 || worst > 2*time.Second {
-				t.Errorf("A's turn and API call took up to %s during B's flood (%d pairs in 7 s): A waited on B", worst, pairs)
-			}
-			if paused == 0 {
-				t.Errorf("B's flood never paused its API on the replica")
-			}
-			for _, line := range strings.Split(s.logs.String(), "\n") {
-				if strings.Contains(line, `"component":"brain"`) && strings.Contains(line, "nats disconnected") {
-					t.Errorf("the replica's connection was cut during B's flood: %.300s", line)
-				}
-			}
-			bnc := s.tenantConn(b)
-			eventually(t, time.Minute, "B's API to answer again after its flood", func() bool {
-				m, err := bnc.Request(subjects.APILocal(subjects.APIApprovalList), []byte(`{"limit":1}`), time.Second)
-				return err == nil && m.Header.Get(wire.HeaderStatus) == wire.StatusOK
-			})
 		})
 	}
+	time.Sleep(time.Second) // let the flood build up
+	var worst time.Duration
+	pairs := 0
+	for i := 0; ctx.Err() == nil; i++ {
+		start := time.Now()
+		ea.submit(quoteEmail(fmt.Sprintf("<bigflood-%d@x>", i))).reply(t)
+		if r := ea.do(http.MethodGet, "/v1/approvals", nil); r.Status != http.StatusOK {
+			t.Fatalf("A's API call during B's flood: %d %s", r.Status, r.Body)
+		}
+		worst = max(worst, time.Since(start))
+		pairs++
+	}
+	stopFlood()
+	flooders.Wait()
+	paused := metric(t, ops, `brain_tenant_api_paused_total{tenant="bigflood-b"}`)
+	t.Logf("B sent %d calls of %d KiB from %d connections and was paused %d times; A made %d turn+API pairs meanwhile, the slowest in %s",
+		sent.Load(), len(payload)>>10, conns, paused, pairs, worst)
+	if pairs < 5 || worst > 2*time.Second {
+		t.Errorf("A's turn and API call took up to %s during B's flood (%d pairs in 7 s): A waited on B", worst, pairs)
+	}
+	if paused == 0 {
+		t.Errorf("B's flood never paused its API on the replica")
+	}
+	for _, line := range strings.Split(s.logs.String(), "\n") {
+		if strings.Contains(line, `"component":"brain"`) && strings.Contains(line, "nats disconnected") {
+			t.Errorf("the replica's connection was cut during B's flood: %.300s", line)
+		}
+	}
+	bnc := s.tenantConn(b)
+	eventually(t, time.Minute, "B's API to answer again after its flood", func() bool {
+		m, err := bnc.Request(subjects.APILocal(subjects.APIApprovalList), []byte(`{"limit":1}`), time.Second)
+		return err == nil && m.Header.Get(wire.HeaderStatus) == wire.StatusOK
+	})
 }
