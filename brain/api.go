@@ -68,10 +68,11 @@ func (a *apiServer) subscribe(account string, id registry.TenantID) (*tenantAPI,
 // too large) does not stop its bytes: a tenant sending near-maximum
 // payloads from many connections can outrun what the replica reads, and
 // the server then cuts the replica's connection as a slow consumer. A
-// tenant refused floodRefusals times within floodWindow has its
-// subscription closed instead, so the server drops the flood at the
-// source (its callers see no responders, the edge answers 503) and opens
-// it again after a pause that doubles while the flood goes on.
+// tenant refused floodRefusals times within floodWindow (a call too large
+// counts oversizedWeight times) has its subscription closed instead, so
+// the server drops the flood at the source (its callers see no responders,
+// the edge answers 503), and opened again after a pause that doubles while
+// the flood goes on.
 const (
 	floodWindow   = time.Second
 	floodRefusals = 64
@@ -90,7 +91,7 @@ type tenantAPI struct {
 	closed   bool
 	resume   *time.Timer
 	window   time.Time // start of the current refusal window
-	refused  int       // refusals in it
+	refused  int       // refusals in it, weighted
 	pause    time.Duration
 	pausedAt time.Time
 }
@@ -107,28 +108,34 @@ func (t *tenantAPI) open() error {
 
 // receive queues a call for the workers, or refuses it at once.
 func (t *tenantAPI) receive(m *nats.Msg) {
-	e := wire.CheckAPISize(m.Data)
+	e, weight := wire.CheckAPISize(m.Data), oversizedWeight
 	switch {
 	case e != nil:
 	case !t.a.sched.TryPush(t.account, m, apiMaxQueued):
-		e = &wire.Error{Code: wire.CodeRateLimited, RetryAfter: 1,
-			Message: "this tenant has too many API calls waiting at the brain; retry in a moment"}
+		e, weight = &wire.Error{Code: wire.CodeRateLimited, RetryAfter: 1,
+			Message: "this tenant has too many API calls waiting at the brain; retry in a moment"}, 1
 	default:
 		return
 	}
 	t.a.b.respondAPIError(m, e)
-	t.refuse()
+	t.refuse(weight)
 }
 
+// oversizedWeight is what a call beyond wire.MaxAPIBytes counts towards
+// floodRefusals: the edge never sends one (it refuses a larger body over
+// HTTP), and each costs up to four times the bytes of a valid call, so four
+// of them in a window pause the tenant.
+const oversizedWeight = floodRefusals / 4
+
 // refuse counts a refusal and pauses the subscription at the threshold.
-func (t *tenantAPI) refuse() {
+func (t *tenantAPI) refuse(weight int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := time.Now()
 	if now.Sub(t.window) > floodWindow {
 		t.window, t.refused = now, 0
 	}
-	t.refused++
+	t.refused += weight
 	if t.refused < floodRefusals || t.sub == nil || t.closed {
 		return
 	}
@@ -141,7 +148,7 @@ func (t *tenantAPI) refuse() {
 	t.pausedAt = now
 	t.a.b.inst.apiPauses.WithLabelValues(string(t.id)).Inc()
 	t.a.b.log.Warn("tenant flooding the API: its API calls are not taken on this replica for a while",
-		"tenant_id", t.id, "refused", t.refused, "window", floodWindow, "pause", t.pause)
+		"tenant_id", t.id, "refusals_weighted", t.refused, "window", floodWindow, "pause", t.pause)
 	t.resume = time.AfterFunc(t.pause, t.reopen)
 }
 
