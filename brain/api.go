@@ -98,7 +98,7 @@ type tenantAPI struct {
 
 // open subscribes; t.mu is held.
 func (t *tenantAPI) open() error {
-	sub, err := t.a.b.nc.QueueSubscribe(subjects.APISubject(t.account), subjects.APIQueue, t.receive)
+	sub, err := t.a.b.apiNC.QueueSubscribe(subjects.APISubject(t.account), subjects.APIQueue, t.receive)
 	if err != nil {
 		return err
 	}

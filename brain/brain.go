@@ -88,15 +88,30 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// or sends an error that ends it: the replica then stops with an error
 	// (main exits 1) for its supervisor to restart it, rather than staying
 	// up with nothing to do (see connwatch).
-	watch := connwatch.New(log)
-	nc, err := nats.Connect(cfg.NATSURL, append(watch.Options(),
-		nats.UserCredentials(cfg.CredsFile),
-		nats.Name("brain-"+cfg.Replica),
-	)...)
+	connect := func(name string, log *slog.Logger) (*nats.Conn, *connwatch.Watch, error) {
+		watch := connwatch.New(log)
+		nc, err := nats.Connect(cfg.NATSURL, append(watch.Options(),
+			nats.UserCredentials(cfg.CredsFile),
+			nats.Name(name),
+		)...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connect nats: %w", err)
+		}
+		return nc, watch, nil
+	}
+	nc, watch, err := connect("brain-"+cfg.Replica, log)
 	if err != nil {
-		return fmt.Errorf("connect nats: %w", err)
+		return err
 	}
 	defer nc.Close()
+	// The tenant API has a connection of its own: the calls of every
+	// tenant arrive on it, so a tenant flooding them can at worst make the
+	// server cut that one (see tenantAPI), never the turns' connection.
+	apiNC, apiWatch, err := connect("brain-"+cfg.Replica+"-api", log.With("nats_conn", "api"))
+	if err != nil {
+		return err
+	}
+	defer apiNC.Close()
 	// The turn streams live in the STREAMS account; this client reaches
 	// their consumers, acks and reply storage through the BRAIN account's
 	// imports, and can administer nothing.
@@ -119,7 +134,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	approvals := approval.New(dir, timers, fwd, log)
 	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks(cfg.Hooks), log)
 	sched := fair.New[queued](cfg.TenantWorkers)
-	b := &brain{cfg: cfg, log: log, nc: nc, natsWatch: watch, js: js, dir: dir, proc: proc, approvals: approvals, outbox: fwd,
+	b := &brain{cfg: cfg, log: log, nc: nc, natsWatch: watch, apiNC: apiNC, apiWatch: apiWatch, js: js, dir: dir, proc: proc, approvals: approvals, outbox: fwd,
 		model: mc, stage: stage, sched: sched, consumers: newConsumers(js, sched, log),
 		inst: inst, tracer: tp.Tracer(telemetry.Scope)}
 	b.pending = newPendingWatch(dir, log)
@@ -175,6 +190,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	case <-watch.Closed():
 		stopErr = watch.ClosedError()
 		log.Error("brain replica stopping: its NATS connection is closed for good", "error", stopErr)
+	case <-apiWatch.Closed():
+		stopErr = apiWatch.ClosedError()
+		log.Error("brain replica stopping: its NATS connection for the tenant API is closed for good", "error", stopErr)
 	}
 	// No new turns; turns queued here go back to JetStream at once (another
 	// replica takes them); turns being decided finish, within the grace.
@@ -199,6 +217,9 @@ type brain struct {
 	nc  *nats.Conn
 	// natsWatch says when nc is closed for good or its credential refused.
 	natsWatch *connwatch.Watch
+	// apiNC carries the tenant API only (api.go); apiWatch follows it.
+	apiNC    *nats.Conn
+	apiWatch *connwatch.Watch
 	js        jetstream.JetStream
 	dir       *tenancy.Directory
 	proc      *turn.Processor

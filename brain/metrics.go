@@ -44,6 +44,7 @@ func (b *brain) newMetrics() *prometheus.Registry {
 	}
 	reg.MustRegister(b.inst.collectors()...)
 	reg.MustRegister(telemetry.NATSCollectors("brain", b.nc)...)
+	reg.MustRegister(telemetry.NATSCollectors("brain_api", b.apiNC)...)
 	reg.MustRegister(&pendingCollector{b: b})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_tenants_consumed",
 		Help: "Tenants whose turn consumer this replica is bound to."}, func() float64 { return float64(b.consumers.count()) }))

@@ -2,6 +2,7 @@ package brain
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -18,7 +19,7 @@ func (b *brain) opsRoutes() http.Handler {
 	// stops with an error as soon as nats.go gives up.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		if err := b.natsWatch.Err(); err != nil {
+		if err := errors.Join(b.natsWatch.Err(), b.apiWatch.Err()); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			body, _ := json.Marshal(map[string]string{"status": "unhealthy", "error": err.Error()})
 			_, _ = w.Write(body)
@@ -31,6 +32,11 @@ func (b *brain) opsRoutes() http.Handler {
 		if b.nc.Status() != nats.CONNECTED {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintf(w, `{"status":"nats %s"}`, b.nc.Status())
+			return
+		}
+		if b.apiNC.Status() != nats.CONNECTED {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, `{"status":"nats (tenant API) %s"}`, b.apiNC.Status())
 			return
 		}
 		// A tenant whose database refuses the brain's connection (its role,
