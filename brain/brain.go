@@ -220,9 +220,9 @@ type brain struct {
 	// apiNC carries the tenant API only (api.go); apiWatch follows it.
 	apiNC    *nats.Conn
 	apiWatch *connwatch.Watch
-	js        jetstream.JetStream
-	dir       *tenancy.Directory
-	proc      *turn.Processor
+	js       jetstream.JetStream
+	dir      *tenancy.Directory
+	proc     *turn.Processor
 	// approvals serves the tenant API and takes part in every turn.
 	approvals *approval.Approvals
 	outbox    *outbox.Forwarder
