@@ -325,10 +325,10 @@ func (c *Client) Ping(ctx context.Context) (string, error) {
 
 // Chat sends one chat (stream off) and returns the answer. Transport errors,
 // 5xx and 429 are retried once, after the server's Retry-After when it
-// gives one of at most maxRetryAfter (a longer one is not retried); timeouts
-// are not (a server too slow to answer
-// in time would only be asked to do the same work again), nor are 4xx, nor
-// answers that req.Check refuses (a repair is the caller's to ask).
+// gives one of at most maxRetryAfter (a longer one is not retried);
+// timeouts are not (a server too slow to answer in time would only be
+// asked to do the same work again), nor are other 4xx, nor answers that
+// req.Check refuses (a repair is the caller's to ask).
 // A failure is an *Error (errors.Is ErrUnavailable) unless ctx itself ended,
 // which returns ctx's error. The Response lists the calls made either way.
 func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
@@ -483,20 +483,21 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 		if errors.As(err, &ra) {
 			after = ra.after
 		}
-		switch {
-		case after > maxRetryAfter:
-			// Asked to come back later than a turn can wait: the item is
-			// escalated now, and a re-drive asks again.
-			return nil, call, ResultSuccess, false, &Error{Kind: KindStatus, StatusCode: se.StatusCode, RetryAfter: after}
-		case se.StatusCode == http.StatusTooManyRequests:
-			// Busy, not broken: retried once, after the wait it asked for.
-			return nil, call, ResultSuccess, true, &Error{Kind: KindStatus, StatusCode: se.StatusCode, RetryAfter: after}
-		case se.StatusCode >= 500:
-			return nil, call, ResultFailure, true, &Error{Kind: KindStatus, StatusCode: se.StatusCode, RetryAfter: after}
-		}
 		// A 4xx (unknown model, bad request): the server is up but will not
 		// do this; retrying the same request cannot help.
-		return nil, call, ResultSuccess, false, &Error{Kind: KindStatus, StatusCode: se.StatusCode}
+		res, retry := ResultSuccess, false
+		switch {
+		case se.StatusCode >= 500:
+			res, retry = ResultFailure, true
+		case se.StatusCode == http.StatusTooManyRequests:
+			retry = true // busy, not broken: asked again after the wait it asked for
+		}
+		if after > maxRetryAfter {
+			// Asked to come back later than a turn can wait: the item is
+			// escalated now, and a re-drive asks again.
+			retry = false
+		}
+		return nil, call, res, retry, &Error{Kind: KindStatus, StatusCode: se.StatusCode, RetryAfter: after}
 	case errors.As(err, &ae):
 		return nil, call, ResultSuccess, false, &Error{Kind: KindStatus, StatusCode: ae.StatusCode}
 	}

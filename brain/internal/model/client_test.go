@@ -548,3 +548,28 @@ func TestParseRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// Retry-After decides only whether and when a call is asked again: a 5xx
+// counts against the breaker whatever wait it asks for, and a 429 (busy,
+// up) does not.
+func TestChatRetryAfterDoesNotChangeWhatTheBreakerCounts(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		want   BreakerState
+	}{{http.StatusServiceUnavailable, BreakerOpen}, {http.StatusTooManyRequests, BreakerClosed}} {
+		f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply {
+			return ollamafake.Reply{Status: tc.status, RetryAfter: "120"}
+		})
+		c := newClient(t, f.URL(), func(c *Config) { c.Breaker = BreakerConfig{MinCalls: 3, CoolDown: time.Hour} })
+		for range 3 {
+			if _, err := c.Chat(context.Background(), chatReq); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("HTTP %d: %v", tc.status, err)
+			}
+		}
+		if f.Calls() != 3 || c.BreakerState() != tc.want {
+			t.Errorf("HTTP %d with Retry-After 120: server saw %d calls, breaker %s; want 3 (none retried) and %s",
+				tc.status, f.Calls(), c.BreakerState(), tc.want)
+		}
+	}
+}
