@@ -129,7 +129,7 @@ func (o *Ops) UpdateTenant(ctx context.Context, id registry.TenantID, edit func(
 				return err
 			}
 		}
-		if !sameRules(before.Rules, spec.Rules) {
+		if !SameRules(before.Rules, spec.Rules) {
 			if err := registry.RulesReplace(ctx, tx, id, spec.Rules); err != nil {
 				return err
 			}
@@ -156,8 +156,9 @@ func sameSettings(a, b registry.Tenant) bool {
 	return norm(a) == norm(b)
 }
 
-// sameRules compares rules as written (position aside, params as JSON).
-func sameRules(a, b []registry.Rule) bool {
+// SameRules reports whether two rule lists are the same as written
+// (position aside, params compared as JSON).
+func SameRules(a, b []registry.Rule) bool {
 	norm := func(rs []registry.Rule) string {
 		type r struct {
 			Name       string

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +65,28 @@ func TestBrainctlTenantLifecycle(t *testing.T) {
 	if code, _, errOut := c.run("tenant", "create", "alpha", "--account", alpha.Account.Public, "--approval-mode", "mailbox", "--turn-ceiling", "3"); code != admin.ExitError ||
 		!strings.Contains(errOut, "approval_mode, turn_ceiling") || !strings.Contains(errOut, "tenant update") {
 		t.Fatalf("create again with other settings: exit %d, %s", code, errOut)
+	}
+	// Rules the same way: the file it was created with passes, another is
+	// refused naming --rules and the command that replaces rules.
+	same := filepath.Join(t.TempDir(), "same.yaml")
+	other := filepath.Join(t.TempDir(), "other.yaml")
+	if err := os.WriteFile(same, []byte(quoteRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, []byte(strings.Replace(quoteRules, "confidence: 0.95", "confidence: 0.5", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	actions := "draft_reply,send_reply,escalate_item,close_item"
+	if code, out, errOut := c.run("tenant", "create", "alpha", "--account", alpha.Account.Public, "--actions", actions, "--rules", same); code != admin.ExitOK ||
+		!strings.Contains(out, "exists") {
+		t.Fatalf("create again with the same rules: exit %d, %s%s", code, out, errOut)
+	}
+	if code, _, errOut := c.run("tenant", "create", "alpha", "--account", alpha.Account.Public, "--actions", actions, "--rules", other); code != admin.ExitError ||
+		!strings.Contains(errOut, "--rules: the tenant exists with other rules") || !strings.Contains(errOut, "rules import") {
+		t.Fatalf("create again with other rules: exit %d, %s", code, errOut)
+	}
+	if out := c.ok("rules", "export", "alpha", "--format", "yaml"); !strings.Contains(out, "0.95") {
+		t.Fatalf("a refused create changed the rules:\n%s", out)
 	}
 	if out := c.ok("tenant", "show", "alpha"); !strings.Contains(out, "review_app") {
 		t.Fatalf("a refused create changed the tenant:\n%s", out)

@@ -218,6 +218,16 @@ func (c *tenantCreateCmd) Run(a *app) error {
 			return &Error{Tenant: c.ID, Message: fmt.Sprintf("the tenant exists with other %s than given: nothing was changed; "+
 				"'brainctl tenant update' changes settings", strings.Join(diff, ", "))}
 		}
+		if parsed != nil {
+			rules, err := parsed.check(want)
+			if err != nil {
+				return err
+			}
+			if !provision.SameRules(existing.Rules, rules) {
+				return &Error{Tenant: c.ID, Field: "--rules", Message: fmt.Sprintf("the tenant exists with other rules than %s "+
+					"(%d there, %d in the file): nothing was changed; 'brainctl rules import' replaces them", c.Rules, len(existing.Rules), len(rules))}
+			}
+		}
 		out.Tenant, out.Database = viewOf(existing), existing.DB.Name
 	case errors.Is(err, provision.ErrTenantNotFound):
 		t, err := ops.CreateTenantOn(a.ctx, spec, cl)
