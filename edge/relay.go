@@ -730,7 +730,10 @@ func (r *relay) Call(ctx context.Context, method string, req any) ([]byte, error
 	}
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
-		return nil, unavailable(err, "the brain is not answering right now; retry later")
+		// No replica holds the tenant's API subscription: brains down or
+		// restarting, or this tenant paused after a flood of refused calls.
+		return nil, unavailable(err, "no brain is serving this tenant's API right now (brains restarting, "+
+			"or this tenant's calls paused after a flood of refused ones: the brain's log says which); retry later")
 	case err != nil:
 		return nil, unavailable(fmt.Errorf("request %s: %w", subject, err), "the brain did not answer in time; retry")
 	}
