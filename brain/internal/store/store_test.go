@@ -153,7 +153,7 @@ func TestTurnCommitNewItemThatExistsConflicts(t *testing.T) {
 // databases of the schema before migration 0008 and of the current one,
 // interleaved round by round so the ratios come from one run:
 //
-//	go test -run '^$' -bench TurnCommit -benchtime 2000x ./brain/internal/store/
+//	go test -run '^$' -bench '^BenchmarkTurnCommit$' -benchtime 2000x -v ./brain/internal/store/
 func BenchmarkTurnCommit(b *testing.B) {
 	ctx := context.Background()
 	before, after := tenantDB(b, 7), tenantDB(b, 0)
@@ -164,19 +164,16 @@ func BenchmarkTurnCommit(b *testing.B) {
 	}
 	var seq int // a new work item each time
 	next := func(prefix string) string { seq++; return fmt.Sprintf("<%s-%d@bench>", prefix, seq) }
-	shapes := []struct {
-		name string
-		op   func() error
-	}{
+	shapes := []commitShape{
 		{"floor", func() error {
 			_, err := after.Exec(ctx, `INSERT INTO floor (id) VALUES ($1)`, uuid.New())
 			return err
 		}},
 		{"schema7_upsert", func() error { return TurnCommit(ctx, before, approvalTurn(next("a"), false)) }},
-		{"schema8_upsert", func() error { return TurnCommit(ctx, after, approvalTurn(next("b"), false)) }},
-		{"schema8_insert", func() error { return TurnCommit(ctx, after, approvalTurn(next("c"), true)) }},
+		{"current_upsert", func() error { return TurnCommit(ctx, after, approvalTurn(next("b"), false)) }},
+		{"current_insert", func() error { return TurnCommit(ctx, after, approvalTurn(next("c"), true)) }},
 		// Diagnostic: the same without its outbox row, what the event costs.
-		{"schema8_insert_no_event", func() error {
+		{"current_insert_no_event", func() error {
 			w := approvalTurn(next("d"), true)
 			w.Extra = w.Extra[:1]
 			return TurnCommit(ctx, after, w)
@@ -190,13 +187,95 @@ func BenchmarkTurnCommit(b *testing.B) {
 			bt.Queue(`INSERT INTO floor (id) VALUES ($1)`, uuid.New())
 			return after.SendBatch(ctx, bt).Close()
 		}},
-		{"schema8_insert_no_flush_wait", func() error {
+		{"current_insert_no_flush_wait", func() error {
 			w := approvalTurn(next("e"), true)
 			w.Extra = append([]Statement{{SQL: noFlushWait, Optional: true}}, w.Extra...)
 			return TurnCommit(ctx, after, w)
 		}},
 	}
-	const rounds = 5
+	median := interleaved(b, 5, shapes)
+	floor := median("floor")
+	for _, s := range shapes[1:] {
+		b.Logf("%s: median of the rounds' p50 %.0f µs = %.2f× the floor (%.0f µs); %.2f× schema7_upsert",
+			s.name, median(s.name), median(s.name)/floor, floor, median(s.name)/median("schema7_upsert"))
+	}
+	b.Logf("waiting for the WAL flush: %.0f µs of the floor, %.0f µs of the turn's commit; the rest: floor %.0f µs, turn %.0f µs",
+		floor-median("floor_no_flush_wait"), median("current_insert")-median("current_insert_no_flush_wait"),
+		median("floor_no_flush_wait"), median("current_insert_no_flush_wait"))
+}
+
+// BenchmarkTurnCommitConstraints: what the schema's guarantees cost the
+// turn's commit (BENCHMARKS.md). The same commit on scratch tenant
+// databases of the current schema, of the schema before migration 0009
+// (its one-column CHECKs on text as table constraints: Postgres reads and
+// plans a table's CHECK expressions again for every statement, where it
+// keeps a domain's per connection), of the current one without its
+// remaining CHECK constraints, and without its two foreign keys; each
+// waiting for its WAL flush (as the brain commits) and not (the statements'
+// own work), in interleaved rounds.
+//
+//	go test -run '^$' -bench TurnCommitConstraints -benchtime 2000x -v ./brain/internal/store/
+func BenchmarkTurnCommitConstraints(b *testing.B) {
+	ctx := context.Background()
+	variants := []struct {
+		name    string
+		through int // migrations applied (0: all)
+		ddl     string
+	}{
+		{"schema", 0, ``},
+		{"schema8_checks", 8, ``},
+		{"no_check", 0, `DO $$ DECLARE r record; BEGIN
+			FOR r IN SELECT conrelid::regclass AS t, conname FROM pg_constraint WHERE contype = 'c' AND conrelid <> 0 LOOP
+				EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', r.t, r.conname);
+			END LOOP; END $$`},
+		{"no_fk", 0, `ALTER TABLE decisions DROP CONSTRAINT decisions_work_item_id_fkey;
+			ALTER TABLE approvals DROP CONSTRAINT approvals_work_item_id_fkey`},
+	}
+	var seq int // a new work item each time
+	next := func() string { seq++; return fmt.Sprintf("<c-%d@bench>", seq) }
+	var shapes []commitShape
+	for _, v := range variants {
+		db := tenantDB(b, v.through)
+		if v.ddl != "" {
+			if _, err := db.Exec(ctx, v.ddl); err != nil {
+				b.Fatalf("%s: %v", v.name, err)
+			}
+		}
+		if v.name == "schema" {
+			if _, err := db.Exec(ctx, `CREATE TABLE floor (id uuid PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`); err != nil {
+				b.Fatal(err)
+			}
+			shapes = append(shapes, commitShape{"floor", func() error {
+				_, err := db.Exec(ctx, `INSERT INTO floor (id) VALUES ($1)`, uuid.New())
+				return err
+			}})
+		}
+		shapes = append(shapes,
+			commitShape{v.name, func() error { return TurnCommit(ctx, db, approvalTurn(next(), true)) }},
+			commitShape{v.name + "_no_flush_wait", func() error {
+				w := approvalTurn(next(), true)
+				w.Extra = append([]Statement{{SQL: noFlushWait, Optional: true}}, w.Extra...)
+				return TurnCommit(ctx, db, w)
+			}})
+	}
+	median := interleaved(b, 5, shapes)
+	for _, v := range variants {
+		b.Logf("%s: %.0f µs (%.2f× the schema's, %.2f× the floor's %.0f µs); without the flush wait %.0f µs (%.2f× the schema's)",
+			v.name, median(v.name), median(v.name)/median("schema"), median(v.name)/median("floor"), median("floor"),
+			median(v.name+"_no_flush_wait"), median(v.name+"_no_flush_wait")/median("schema_no_flush_wait"))
+	}
+}
+
+// commitShape is one operation a commit benchmark times.
+type commitShape struct {
+	name string
+	op   func() error
+}
+
+// interleaved runs every shape in turn, rounds times (so that all see the
+// same machine), each after a warm-up, and returns the median over the
+// rounds of each shape's p50 in µs.
+func interleaved(b *testing.B, rounds int, shapes []commitShape) (median func(name string) float64) {
 	p50 := make(map[string][]float64)
 	for r := range rounds {
 		for _, s := range shapes {
@@ -223,19 +302,11 @@ func BenchmarkTurnCommit(b *testing.B) {
 			p50[s.name] = append(p50[s.name], last)
 		}
 	}
-	median := func(name string) float64 {
+	return func(name string) float64 {
 		v := slices.Clone(p50[name])
 		slices.Sort(v)
 		return v[len(v)/2]
 	}
-	floor := median("floor")
-	for _, s := range shapes[1:] {
-		b.Logf("%s: median of the rounds' p50 %.0f µs = %.2f× the floor (%.0f µs); %.2f× schema7_upsert",
-			s.name, median(s.name), median(s.name)/floor, floor, median(s.name)/median("schema7_upsert"))
-	}
-	b.Logf("waiting for the WAL flush: %.0f µs of the floor, %.0f µs of the turn's commit; the rest: floor %.0f µs, turn %.0f µs",
-		floor-median("floor_no_flush_wait"), median("schema8_insert")-median("schema8_insert_no_flush_wait"),
-		median("floor_no_flush_wait"), median("schema8_insert_no_flush_wait"))
 }
 
 // noFlushWait makes a transaction commit without waiting for its WAL flush
@@ -319,5 +390,48 @@ func TestOutboxMarkDelivered(t *testing.T) {
 		if err := pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&v); err != nil || v != "on" {
 			t.Fatalf("synchronous_commit after a mark: %q %v", v, err)
 		}
+	}
+}
+
+// TestCheckDomainsMigrationUnderCachedStatements: migration 0009 changes
+// the type of columns a running brain reads (an upgrade stops nothing).
+// A connection that cached a statement reading them before gets one error
+// for it (Postgres: the cached plan's result type changed; a turn is
+// retried, an API call answered 503), and pgx prepares it again: the next
+// use works, and the writes never fail.
+func TestCheckDomainsMigrationUnderCachedStatements(t *testing.T) {
+	ctx := context.Background()
+	pool := tenantDB(t, 8)
+	if err := TurnCommit(ctx, pool, approvalTurn("<before@x>", true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WorkItemGet(ctx, pool, "<before@x>"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = migrations.ApplyThrough(ctx, c.Conn(), migrations.Tenant, 0)
+	c.Release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := TurnCommit(ctx, pool, approvalTurn("<after@x>", true)); err != nil {
+		t.Fatalf("a turn's commit right after the migration: %v", err)
+	}
+	failed := 0
+	for range 4 {
+		it, err := WorkItemGet(ctx, pool, "<before@x>")
+		if err != nil {
+			failed++
+			continue
+		}
+		if it.Status != wire.WorkItemStatusAwaitingApproval {
+			t.Fatalf("read after the migration: %+v", it)
+		}
+	}
+	if failed > 1 {
+		t.Fatalf("the cached read failed %d times after the migration; want at most once per connection", failed)
 	}
 }
