@@ -79,7 +79,8 @@ func sumCPU(pids []int) time.Duration {
 }
 
 // maxProcsEnv is GOMAXPROCS for one of the benchmark's processes (EDGE,
-// BRAIN, LOAD) from BENCH_GOMAXPROCS_<which>, or nothing (Go's default).
+// BRAIN, LOAD) from BENCH_GOMAXPROCS_<which>, or nothing (the binary's
+// default: one thread for the edge, one per core for the others).
 func maxProcsEnv(which string) []string {
 	if v := envInt("BENCH_GOMAXPROCS_"+which, 0); v > 0 {
 		return []string{"GOMAXPROCS=" + strconv.Itoa(v)}

@@ -13,9 +13,9 @@
 #   BENCH_TENANTS, BENCH_SCALE_TURNS, BENCH_CLUSTER_TURNS, BENCH_CLUSTER_TENANTS
 #                           their sizes (1000, 20000, 5000, 8)
 #   BENCH_GOMAXPROCS_EDGE, BENCH_GOMAXPROCS_BRAIN, BENCH_GOMAXPROCS_LOAD, BENCH_GOMAXPROCS_NATS
-#                           GOMAXPROCS of BenchmarkTurnCPU's processes (Go's
-#                           default when unset; compose runs the edge and
-#                           the brain at 1)
+#                           GOMAXPROCS of BenchmarkTurnCPU's processes (the
+#                           binary's default when unset: 1 for the edge, Go's
+#                           for the others; compose runs the brain at 1 too)
 #   BENCH_TENANT_WORKERS, BENCH_DB_CONNS_PER_TENANT
 #                           the brain's limits for the benchmark's tenant in
 #                           the one-process benchmarks (the brain's defaults,
@@ -49,7 +49,7 @@ fi
 		echo "postgres: $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW server_version' 2>/dev/null) (fsync $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW fsync' 2>/dev/null), synchronous_commit $(psql "$BRAIN_TEST_DATABASE_URL" -Atc 'SHOW synchronous_commit' 2>/dev/null))"
 	fi
 	echo "load:     $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) (1/5/15 min, before the run)"
-	echo "GOMAXPROCS of BenchmarkTurnCPU's processes: edge ${BENCH_GOMAXPROCS_EDGE:-default}, brain ${BENCH_GOMAXPROCS_BRAIN:-default}, load ${BENCH_GOMAXPROCS_LOAD:-default}, test process (NATS) ${BENCH_GOMAXPROCS_NATS:-default}"
+	echo "GOMAXPROCS of BenchmarkTurnCPU's processes: edge ${BENCH_GOMAXPROCS_EDGE:-default (1)}, brain ${BENCH_GOMAXPROCS_BRAIN:-default}, load ${BENCH_GOMAXPROCS_LOAD:-default}, test process (NATS) ${BENCH_GOMAXPROCS_NATS:-default}"
 	echo "the tenant's limits in the one-process benchmarks: workers ${BENCH_TENANT_WORKERS:-default}, connections ${BENCH_DB_CONNS_PER_TENANT:-default}"
 } | tee "$OUT/machine.txt"
 

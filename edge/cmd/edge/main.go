@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 	// EDGE_REVIEW_TIMEZONE works in a container without a zoneinfo database.
@@ -28,6 +29,8 @@ and the optional rest; README.md, section Configuration, lists them with their d
   edge              serve on EDGE_ADDR
   edge healthcheck  ask the edge on EDGE_ADDR whether it is ready (exit 0 or 1)
   edge --help       this text
+
+It runs one thread of Go code unless GOMAXPROCS is set: it shares its host with n8n.
 `
 
 func main() {
@@ -37,6 +40,12 @@ func main() {
 	}
 	if run, code := usage.Check("edge", os.Args[1:], help, os.Stdout, os.Stderr); !run {
 		os.Exit(code)
+	}
+	// One thread of Go code serves a tenant's turns at a fraction of a core
+	// and measured 0.81-0.87x the CPU per turn of Go's default of one per core
+	// (BENCHMARKS.md, 2026-12-06): the cores are n8n's too.
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(1)
 	}
 	level, levelErr := loglevel.Parse("EDGE_LOG_LEVEL", os.Getenv("EDGE_LOG_LEVEL"))
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
