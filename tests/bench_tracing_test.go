@@ -25,10 +25,21 @@ import (
 // BenchmarkTurnTracing: the full turn, one caller, tracing on in the edge
 // and the brain.
 func BenchmarkTurnTracing(b *testing.B) {
+	edgeExp, brainExp := tracedTurns(b)
+	if len(edgeExp.GetSpans()) == 0 || len(brainExp.GetSpans()) == 0 {
+		b.Fatal("tracing was on but no span was exported")
+	}
+	b.ReportMetric(float64(len(edgeExp.GetSpans())+len(brainExp.GetSpans()))/float64(b.N+benchWarmup), "spans/turn")
+}
+
+// tracedTurns measures the HTTP turn on a stack with tracing on in the edge
+// and the brain (the SDK's batch processor with opts, into in-memory
+// exporters) and returns the exporters, flushed.
+func tracedTurns(b *testing.B, opts ...sdktrace.BatchSpanProcessorOption) (edgeExp, brainExp *tracetest.InMemoryExporter) {
 	bs := newBenchStack(b)
-	edgeExp, brainExp := tracetest.NewInMemoryExporter(), tracetest.NewInMemoryExporter()
-	edgeTP := sdktrace.NewTracerProvider(sdktrace.WithBatcher(edgeExp))
-	brainTP := sdktrace.NewTracerProvider(sdktrace.WithBatcher(brainExp))
+	edgeExp, brainExp = tracetest.NewInMemoryExporter(), tracetest.NewInMemoryExporter()
+	edgeTP := sdktrace.NewTracerProvider(sdktrace.WithBatcher(edgeExp, opts...))
+	brainTP := sdktrace.NewTracerProvider(sdktrace.WithBatcher(brainExp, opts...))
 	b.Cleanup(func() {
 		_ = edgeTP.Shutdown(context.Background())
 		_ = brainTP.Shutdown(context.Background())
@@ -41,10 +52,7 @@ func BenchmarkTurnTracing(b *testing.B) {
 	measure(b, bs.httpTurn()).report(b, "")
 	_ = edgeTP.ForceFlush(context.Background())
 	_ = brainTP.ForceFlush(context.Background())
-	if len(edgeExp.GetSpans()) == 0 || len(brainExp.GetSpans()) == 0 {
-		b.Fatal("tracing was on but no span was exported")
-	}
-	b.ReportMetric(float64(len(edgeExp.GetSpans())+len(brainExp.GetSpans()))/float64(b.N+benchWarmup), "spans/turn")
+	return edgeExp, brainExp
 }
 
 // BenchmarkTurnScraped: the full turn, one caller, tracing off, while both
@@ -96,23 +104,8 @@ func BenchmarkTurnScraped(b *testing.B) {
 // sequential turn's time goes, including the waits no CPU profile shows
 // (hand-offs between goroutines, processes and cores).
 func BenchmarkTurnTimeline(b *testing.B) {
-	bs := newBenchStack(b)
-	edgeExp, brainExp := tracetest.NewInMemoryExporter(), tracetest.NewInMemoryExporter()
-	edgeTP := sdktrace.NewTracerProvider(sdktrace.WithBatcher(edgeExp, sdktrace.WithMaxQueueSize(1<<16)))
-	brainTP := sdktrace.NewTracerProvider(sdktrace.WithBatcher(brainExp, sdktrace.WithMaxQueueSize(1<<16)))
-	b.Cleanup(func() {
-		_ = edgeTP.Shutdown(context.Background())
-		_ = brainTP.Shutdown(context.Background())
-	})
-	bs.s.startBrain("bench-1", func(c *brain.Config) {
-		c.RegistryRefresh = 0
-		c.TracerProvider = brainTP
-	})
-	bs.edge = bs.s.startEdge(bs.tn, func(c *edge.Config) { c.TracerProvider = edgeTP })
-	measure(b, bs.httpTurn()).report(b, "")
-	_ = edgeTP.ForceFlush(context.Background())
-	_ = brainTP.ForceFlush(context.Background())
-
+	// Every span kept: the default queue drops spans when full.
+	edgeExp, brainExp := tracedTurns(b, sdktrace.WithMaxQueueSize(1<<16))
 	type bounds struct{ start, end time.Time }
 	turns := map[[16]byte]map[string]bounds{}
 	for _, s := range append(edgeExp.GetSpans(), brainExp.GetSpans()...) {
@@ -122,49 +115,51 @@ func BenchmarkTurnTimeline(b *testing.B) {
 		}
 		turns[id][s.Name] = bounds{s.StartTime, s.EndTime}
 	}
-	// The steps, in order along the turn; each is the time from one
-	// boundary to the next.
+	// The steps, in order along the turn; each is the time from one span
+	// boundary (a span's start, or its end) to the next.
+	type mark struct {
+		span string
+		end  bool
+	}
+	at := func(m map[string]bounds, k mark) (time.Time, bool) {
+		bd, ok := m[k.span]
+		if k.end {
+			return bd.end, ok
+		}
+		return bd.start, ok
+	}
 	steps := []struct {
 		name     string
-		from, to func(map[string]bounds) time.Time
+		from, to mark
 	}{
-		{"1_http_in_to_publish", func(m map[string]bounds) time.Time { return m[routeSpan].start },
-			func(m map[string]bounds) time.Time { return m["publish turn"].start }},
-		{"2_publish_to_stored", func(m map[string]bounds) time.Time { return m["publish turn"].start },
-			func(m map[string]bounds) time.Time { return m["jetstream wait"].start }},
-		{"3_stored_to_brain", func(m map[string]bounds) time.Time { return m["jetstream wait"].start },
-			func(m map[string]bounds) time.Time { return m["jetstream wait"].end }},
-		{"4_brain_to_worker", func(m map[string]bounds) time.Time { return m["scheduler wait"].start },
-			func(m map[string]bounds) time.Time { return m["scheduler wait"].end }},
-		{"5_worker_to_decide", func(m map[string]bounds) time.Time { return m["scheduler wait"].end },
-			func(m map[string]bounds) time.Time { return m["decide"].start }},
-		{"6_decide", func(m map[string]bounds) time.Time { return m["decide"].start },
-			func(m map[string]bounds) time.Time { return m["decide"].end }},
-		{"7_decide_to_commit", func(m map[string]bounds) time.Time { return m["decide"].end },
-			func(m map[string]bounds) time.Time { return m["commit"].start }},
-		{"8_commit", func(m map[string]bounds) time.Time { return m["commit"].start },
-			func(m map[string]bounds) time.Time { return m["commit"].end }},
-		{"9_commit_to_publish_reply", func(m map[string]bounds) time.Time { return m["commit"].end },
-			func(m map[string]bounds) time.Time { return m["publish reply"].start }},
-		{"10_publish_reply_to_edge_has_it", func(m map[string]bounds) time.Time { return m["publish reply"].start },
-			func(m map[string]bounds) time.Time { return m["await reply"].end }},
-		{"11_edge_has_it_to_http_out", func(m map[string]bounds) time.Time { return m["await reply"].end },
-			func(m map[string]bounds) time.Time { return m[routeSpan].end }},
+		{"1_http_in_to_publish", mark{routeSpan, false}, mark{"publish turn", false}},
+		{"2_publish_to_stored", mark{"publish turn", false}, mark{"jetstream wait", false}},
+		{"3_stored_to_brain", mark{"jetstream wait", false}, mark{"jetstream wait", true}},
+		{"4_brain_to_worker", mark{"scheduler wait", false}, mark{"scheduler wait", true}},
+		{"5_worker_to_decide", mark{"scheduler wait", true}, mark{"decide", false}},
+		{"6_decide", mark{"decide", false}, mark{"decide", true}},
+		{"7_decide_to_commit", mark{"decide", true}, mark{"commit", false}},
+		{"8_commit", mark{"commit", false}, mark{"commit", true}},
+		{"9_commit_to_publish_reply", mark{"commit", true}, mark{"publish reply", false}},
+		{"10_publish_reply_to_edge_has_it", mark{"publish reply", false}, mark{"await reply", true}},
+		{"11_edge_has_it_to_http_out", mark{"await reply", true}, mark{routeSpan, true}},
 	}
 	all := latencies{}
 	per := make([]latencies, len(steps))
 	for _, m := range turns {
+		d := make([]time.Duration, len(steps))
 		complete := true
-		for _, n := range []string{routeSpan, "publish turn", "await reply", "jetstream wait", "scheduler wait", "decide", "commit", "publish reply"} {
-			if _, ok := m[n]; !ok {
-				complete = false
-			}
+		for i, st := range steps {
+			from, ok1 := at(m, st.from)
+			to, ok2 := at(m, st.to)
+			complete = complete && ok1 && ok2
+			d[i] = to.Sub(from)
 		}
 		if !complete {
 			continue
 		}
-		for i, st := range steps {
-			per[i] = append(per[i], st.to(m).Sub(st.from(m)))
+		for i := range steps {
+			per[i] = append(per[i], d[i])
 		}
 		all = append(all, m[routeSpan].end.Sub(m[routeSpan].start))
 	}
