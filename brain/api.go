@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"n8nbrain/brain/internal/fair"
+	"n8nbrain/brain/internal/store"
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/internal/telemetry"
 	"n8nbrain/registry"
@@ -236,6 +237,11 @@ func (b *brain) handleAPI(m *nats.Msg) {
 	default:
 		log = log.With("tenant_id", t.ID)
 		reply, err = b.dispatchAPI(ctx, t, method, m.Data)
+		if store.PlanChanged(err) {
+			// A migration changed a column this call reads; its statement
+			// is prepared again on the next try, and nothing was written.
+			reply, err = b.dispatchAPI(ctx, t, method, m.Data)
+		}
 		err = b.dir.Check(t, err)
 		switch method {
 		case subjects.APIApprovalList, subjects.APIApprovalGet, subjects.APIApprovalDecide, subjects.APIEventAck:
@@ -246,8 +252,14 @@ func (b *brain) handleAPI(m *nats.Msg) {
 	}
 	out := nats.NewMsg(m.Reply)
 	if err != nil {
-		if errors.Is(err, tenancy.ErrAtCapacity) {
+		var we *wire.Error
+		switch {
+		case errors.Is(err, tenancy.ErrAtCapacity):
 			err = &wire.Error{Code: wire.CodeUnavailable, RetryAfter: 5, Message: "the brain is at its database connection limit; retry shortly"}
+		case !errors.As(err, &we) && store.Transient(err):
+			log.Warn("API call: the tenant's database did not serve it", "error", err)
+			err = &wire.Error{Code: wire.CodeUnavailable, RetryAfter: 2, Message: "the tenant's database did not answer this call " +
+				"(restarting, out of connections or briefly locked); retry shortly"}
 		}
 		e := wire.ErrorOf(err)
 		result = string(e.Code)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -220,6 +221,55 @@ func TestBrainctlMigrateFromThePreviousSchema(t *testing.T) {
 	}
 	if n := count(t, s.adminConn(s.stack.Ops.Prefix+"tenant_alpha"), `SELECT count(*) FROM work_items WHERE id = '<a-after@x>'`); n != 1 {
 		t.Fatal("alpha's turn after migrate is not in alpha's database")
+	}
+}
+
+// TestMigrateWhileTheBrainRuns: an upgrade stops nothing (deploy/README,
+// Upgrades). A brain that prepared its statements on the previous tenant
+// schema keeps answering through `brainctl migrate`: turns are decided, and
+// an API call whose cached plan the migration changed is called again at
+// once (pgx prepares the statement anew), so no caller sees it.
+func TestMigrateWhileTheBrainRuns(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	c := s.brainctl()
+	alpha := s.onboard("alpha")
+	s.createTenant(c, alpha)
+	prevT, latestT := previous(t, migrations.Tenant)
+	p := s.stack.Ops.Prefix
+	app := p + "t_alpha_app"
+	s.downgradeTenantDB(p+"tenant_alpha", p+"t_alpha_owner", app, prevT)
+	// The helper leaves out a grant a previous release missed; this
+	// release ran with it.
+	if _, err := s.adminConn(p+"tenant_alpha").Exec(context.Background(),
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON approvals TO `+pgx.Identifier{app}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	s.startBrain("r1", nil)
+	e := s.startEdge(alpha, nil)
+	if rep := e.submit(quoteEmail("<before@x>")).reply(t); rep.Status != wire.WorkItemStatusAwaitingApproval {
+		t.Fatalf("turn on the previous schema: %+v", rep)
+	}
+	if r := e.do(http.MethodGet, "/v1/approvals", nil); r.Status != http.StatusOK {
+		t.Fatalf("approval list on the previous schema: %d %s", r.Status, r.Body)
+	}
+
+	var rep migrateReport
+	if code := c.json(&rep, "migrate"); code != admin.ExitOK || rep.Failed != 0 {
+		t.Fatalf("migrate while the brain runs: exit %d, %+v", code, rep)
+	}
+	if a := rep.Databases[1]; a.SchemaFrom != prevT || a.SchemaTo != latestT {
+		t.Fatalf("alpha: %+v, want %d → %d", a, prevT, latestT)
+	}
+	// The brain's cached read fails once on its connection and is called
+	// again at once: the caller never sees it.
+	for i := range 3 {
+		if r := e.do(http.MethodGet, "/v1/approvals", nil); r.Status != http.StatusOK || !strings.Contains(string(r.Body), "before@x") {
+			t.Fatalf("approval list %d after migrate: %d %s", i+1, r.Status, r.Body)
+		}
+	}
+	if rep := e.submit(quoteEmail("<after@x>")).reply(t); rep.Status != wire.WorkItemStatusAwaitingApproval {
+		t.Fatalf("turn after migrate, same brain: %+v", rep)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,6 +53,40 @@ func translate(err error, what string) error {
 		return fmt.Errorf("%s: %w", what, ErrConflict)
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// PlanChanged reports whether err is Postgres refusing a statement whose
+// cached plan's result type a migration changed (a column's type). pgx
+// has dropped the statement already: the same call again prepares it anew.
+func PlanChanged(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "0A000" && strings.Contains(pe.Message, "cached plan must not change result type")
+}
+
+// Transient reports whether err is the tenant database being unreachable
+// or briefly unable to serve (restarting, shutting down, out of
+// connections, a lost connection, a timeout, a serialization failure or a
+// deadlock, a changed plan): the same call may succeed later.
+func Transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if PlanChanged(err) || errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case strings.HasPrefix(pe.Code, "08"), // connection exception
+			pe.Code == "40001", pe.Code == "40P01", // serialization failure, deadlock
+			pe.Code == "53300",                                         // too many connections
+			pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03": // shutdown, crash, cannot connect now
+			return true
+		}
+		return false
+	}
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
 }
 
 // WorkItem is a work item's state.

@@ -424,6 +424,9 @@ func TestCheckDomainsMigrationUnderCachedStatements(t *testing.T) {
 	for range 4 {
 		it, err := WorkItemGet(ctx, pool, "<before@x>")
 		if err != nil {
+			if !PlanChanged(err) || !Transient(err) {
+				t.Fatalf("read after the migration: %v; want a changed plan, transient", err)
+			}
 			failed++
 			continue
 		}
@@ -433,5 +436,40 @@ func TestCheckDomainsMigrationUnderCachedStatements(t *testing.T) {
 	}
 	if failed > 1 {
 		t.Fatalf("the cached read failed %d times after the migration; want at most once per connection", failed)
+	}
+}
+
+// TestTransient: what the brain answers 503 (retry) for, not 500.
+func TestTransient(t *testing.T) {
+	ctx := context.Background()
+	pool := tenantDB(t, 0)
+	_, syntax := pool.Exec(ctx, `SELEC 1`)
+	_, missing := WorkItemGet(ctx, pool, "<none@x>")
+	_, down := pgx.Connect(ctx, "postgres://nobody@127.0.0.1:1/x?connect_timeout=2")
+	dctx, cancel := context.WithTimeout(ctx, time.Nanosecond)
+	defer cancel()
+	time.Sleep(time.Millisecond)
+	_, late := pool.Exec(dctx, `SELECT 1`)
+	_, deadlock := pool.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '40P01'; END $$`)
+	_, shutdown := pool.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '57P01'; END $$`)
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"a syntax error", syntax, false},
+		{"no such item", missing, false},
+		{"no server listening", down, true},
+		{"the call's deadline", late, true},
+		{"a deadlock", deadlock, true},
+		{"an administrator shutdown", shutdown, true},
+		{"no error", nil, false},
+	} {
+		if c.err == nil && c.want {
+			t.Fatalf("%s: the call did not fail", c.name)
+		}
+		if got := Transient(c.err); got != c.want {
+			t.Errorf("%s (%v): Transient %v, want %v", c.name, c.err, got, c.want)
+		}
 	}
 }
