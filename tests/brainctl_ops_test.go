@@ -245,10 +245,20 @@ func TestMigrateWhileTheBrainRuns(t *testing.T) {
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON approvals TO `+pgx.Identifier{app}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	s.startBrain("r1", nil)
+	_, ops := s.startOpsBrain("r1", nil)
 	e := s.startEdge(alpha, nil)
 	if rep := e.submit(quoteEmail("<before@x>")).reply(t); rep.Status != wire.WorkItemStatusAwaitingApproval {
 		t.Fatalf("turn on the previous schema: %+v", rep)
+	}
+	// A turn after an item's first reads the item: that statement is now
+	// prepared on the brain's connection. (No rule matches this one: the
+	// item is escalated, and its next turns are decided again.)
+	other := closedInvoice("<esc@x>")
+	if rep := e.submit(other).reply(t); rep.Status != wire.WorkItemStatusEscalated {
+		t.Fatalf("turn 1 on the previous schema: %+v", rep)
+	}
+	if rep := e.submit(later("<esc@x>", 2, nil)).reply(t); rep.Turn != 2 || rep.Replayed {
+		t.Fatalf("turn 2 on the previous schema: %+v", rep)
 	}
 	if r := e.do(http.MethodGet, "/v1/approvals", nil); r.Status != http.StatusOK {
 		t.Fatalf("approval list on the previous schema: %d %s", r.Status, r.Body)
@@ -268,8 +278,20 @@ func TestMigrateWhileTheBrainRuns(t *testing.T) {
 			t.Fatalf("approval list %d after migrate: %d %s", i+1, r.Status, r.Body)
 		}
 	}
+	// Turn 3 reads the item through the changed plan, and is decided.
+	if rep := e.submit(later("<esc@x>", 3, nil)).reply(t); rep.Turn != 3 || rep.Replayed {
+		t.Fatalf("turn 3 after migrate: %+v", rep)
+	}
 	if rep := e.submit(quoteEmail("<after@x>")).reply(t); rep.Status != wire.WorkItemStatusAwaitingApproval {
 		t.Fatalf("turn after migrate, same brain: %+v", rep)
+	}
+	// Tried again at once, not left to a redelivery (the decided series
+	// shows the names are the brain's).
+	if n := sumMetric(t, ops, "brain_turns_total", `outcome="decided"`, `tenant="alpha"`); n != 5 {
+		t.Errorf("the brain counted %v decided turns, want 5", n)
+	}
+	if n := sumMetric(t, ops, "brain_turns_total", `outcome="retried"`, `tenant="alpha"`); n != 0 {
+		t.Errorf("%v turns were left to a redelivery after the migration; want 0", n)
 	}
 }
 

@@ -164,7 +164,9 @@ func (p *Processor) Process(ctx context.Context, t *registry.Tenant, m Message) 
 	// the next attempt reads the item, and usually replays.
 	for attempt := 0; attempt < 3; attempt++ {
 		got, err := p.attempt(ctx, pool, t, req, m, ans, attempt == 0 && req.Turn == 1)
-		if errors.Is(err, store.ErrConflict) {
+		if errors.Is(err, store.ErrConflict) || store.PlanChanged(err) {
+			// A lost race, or a statement a migration changed (prepared
+			// again on the next attempt): nothing was written.
 			continue
 		}
 		if err != nil {
