@@ -58,6 +58,13 @@ GO_BENCH='^Benchmark(TurnBudget|TurnEvents|Floor.*|Turn|TurnParallel|TurnReplay|
 echo "== Go benchmarks: go test -run '^\$' -bench '$GO_BENCH' -benchtime ${N}x -count 1 ./tests/"
 go test -run '^$' -bench "$GO_BENCH" -benchtime "${N}x" -count 1 -timeout 30m ./tests/ | tee "$OUT/go.txt"
 echo
+# The same turn with one thread of Go code for the whole stack (client, edge,
+# NATS, brain), as Node runs LangGraph's 16 callers on one thread of
+# JavaScript: a goroutine woken by another then runs on the same thread.
+echo "== The same with one thread of Go code: GOMAXPROCS=1 go test -run '^\$' -bench '^BenchmarkTurnBudget\$' -benchtime ${N}x -count 1 ./tests/"
+GOMAXPROCS=1 go test -run '^$' -bench '^BenchmarkTurnBudget$' -benchtime "${N}x" -count 1 -timeout 30m ./tests/ |
+	sed 's/^BenchmarkTurnBudget/BenchmarkTurnBudgetOneThread/' | tee -a "$OUT/go.txt"
+echo
 echo "== The turn's commit alone against a single-row commit (BenchmarkTurnCommit, scratch tenant databases)"
 go test -run '^$' -bench '^BenchmarkTurnCommit$' -benchtime "${N}x" -count 1 -timeout 30m -v ./brain/internal/store/ |
 	grep -E 'p50_us|×|WAL flush|^(ok|FAIL)' | tee -a "$OUT/go.txt"
@@ -138,6 +145,12 @@ END {
 	printf "  %-44s %10.0f us\n", "replay of a decided turn p50", m[B "6_turn_replay", "p50_us"]
 	printf "  %-44s %10.0f\n", "turns/s, 1 caller", seqtps
 	printf "  %-44s %10.0f   (p50 %.0f us)\n", "turns/s, " C " callers", partps, parp50
+	O = "BenchmarkTurnBudgetOneThread/"
+	oratio = m[O "4_turn_http", "turn_over_floor"]; otps = m[O "5_turn_http_parallel" C, "turns/s"]
+	if (oratio != "") {
+		printf "  %-44s %10.2fx   goal <= 3x: %s\n", "the same, one thread of Go code: turn / floor", oratio, verdict(oratio <= 3)
+		printf "  %-44s %10.0f\n", "the same, one thread: turns/s, " C " callers", otps
+	}
 	E = "BenchmarkTurnEvents/turn_http"
 	if (m[E, "p50_us"] != "") {
 		printf "  %-44s %10.0f us\n", "with its event delivered and acked: p50", m[E, "p50_us"]
@@ -215,6 +228,8 @@ END {
 		printf "  %-30s %12.0f %12.1f %9.1fx   goal >= 10x: %s\n", "turns/s, " C " callers", partps, lg[ck, "tps"], partps / lg[ck, "tps"], verdict(partps / lg[ck, "tps"] >= 10)
 		if (lg[pk, "tps"] != "")
 			printf "  %-30s %12.0f %12.1f %9.1fx   goal >= 10x: %s\n", "turns/s, " C " callers, 2 procs", partps, lg[pk, "tps"], partps / lg[pk, "tps"], verdict(partps / lg[pk, "tps"] >= 10)
+		if (otps != "")
+			printf "  %-30s %12.0f %12.1f %9.1fx   goal >= 10x: %s\n", "turns/s, " C " callers, 1 thread", otps, lg[ck, "tps"], otps / lg[ck, "tps"], verdict(otps / lg[ck, "tps"] >= 10)
 	}
 }
 ' "$OUT/go.txt" "$OUT/langgraph.jsonl" | tee "$OUT/summary.txt"
