@@ -29,15 +29,15 @@ func (b *brain) opsRoutes() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		if b.nc.Status() != nats.CONNECTED {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, `{"status":"nats %s"}`, b.nc.Status())
-			return
-		}
-		if b.apiNC.Status() != nats.CONNECTED {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, `{"status":"nats (tenant API) %s"}`, b.apiNC.Status())
-			return
+		for _, c := range []struct {
+			nc   *nats.Conn
+			name string
+		}{{b.nc, "nats"}, {b.apiNC, "nats (tenant API)"}} {
+			if st := c.nc.Status(); st != nats.CONNECTED {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintf(w, `{"status":"%s %s"}`, c.name, st)
+				return
+			}
 		}
 		// A tenant whose database refuses the brain's connection (its role,
 		// or the TLS required) is named here, but does not make the
