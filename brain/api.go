@@ -257,6 +257,9 @@ func (b *brain) handleAPI(m *nats.Msg) {
 		case errors.Is(err, tenancy.ErrAtCapacity):
 			err = &wire.Error{Code: wire.CodeUnavailable, RetryAfter: 5, Message: "the brain is at its database connection limit; retry shortly"}
 		case !errors.As(err, &we) && store.Transient(err):
+			// A wire error already says what is wrong: a tenancy.LoginError
+			// (TLS refused) also wraps the connect error that Transient
+			// would otherwise take for a passing outage.
 			log.Warn("API call: the tenant's database did not serve it", "error", err)
 			err = &wire.Error{Code: wire.CodeUnavailable, RetryAfter: 2, Message: "the tenant's database did not answer this call " +
 				"(restarting, out of connections or briefly locked); retry shortly"}
