@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -74,7 +75,9 @@ type benchStack struct {
 // spec: a confident "quotes" rule), with no brain and no edge yet.
 func newBenchStack(b *testing.B) *benchStack {
 	b.Helper()
-	s := newSystem(b)
+	// BENCH_SYNC_ALWAYS=1: JetStream fsyncs before every PubAck (the
+	// production setting), for the floor and the turn alike.
+	s := newSystemWith(b, func(c *devstack.Config) { c.SyncAlways = os.Getenv("BENCH_SYNC_ALWAYS") == "1" })
 	sp := spec("bench")
 	// A benchmark submits far more turns than a tenant's default quota.
 	sp.Quota = registry.Quota{Turns: 10_000_000, Bytes: 64 << 30}

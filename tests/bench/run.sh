@@ -16,6 +16,8 @@
 #                           GOMAXPROCS of BenchmarkTurnCPU's processes (the
 #                           binary's default when unset: 1 for the edge, Go's
 #                           for the others; compose runs the brain at 1 too)
+#   BenchmarkTurnBudget runs three times: as it is, with GOMAXPROCS=1, and
+#                           with BENCH_SYNC_ALWAYS=1 (JetStream's production fsync)
 #   BENCH_TENANT_WORKERS, BENCH_DB_CONNS_PER_TENANT
 #                           the brain's limits for the benchmark's tenant in
 #                           the one-process benchmarks (the brain's defaults,
@@ -56,14 +58,20 @@ fi
 echo
 GO_BENCH='^Benchmark(TurnBudget|TurnEvents|Floor.*|Turn|TurnParallel|TurnReplay|TurnStages)$'
 echo "== Go benchmarks: go test -run '^\$' -bench '$GO_BENCH' -benchtime ${N}x -count 1 ./tests/"
-go test -run '^$' -bench "$GO_BENCH" -benchtime "${N}x" -count 1 -timeout 30m ./tests/ | tee "$OUT/go.txt"
+BENCH_SYNC_ALWAYS=0 go test -run '^$' -bench "$GO_BENCH" -benchtime "${N}x" -count 1 -timeout 30m ./tests/ | tee "$OUT/go.txt"
 echo
 # The same turn with one thread of Go code for the whole stack (client, edge,
 # NATS, brain), as Node runs LangGraph's 16 callers on one thread of
 # JavaScript: a goroutine woken by another then runs on the same thread.
 echo "== The same with one thread of Go code: GOMAXPROCS=1 go test -run '^\$' -bench '^BenchmarkTurnBudget\$' -benchtime ${N}x -count 1 ./tests/"
-GOMAXPROCS=1 go test -run '^$' -bench '^BenchmarkTurnBudget$' -benchtime "${N}x" -count 1 -timeout 30m ./tests/ |
+BENCH_SYNC_ALWAYS=0 GOMAXPROCS=1 go test -run '^$' -bench '^BenchmarkTurnBudget$' -benchtime "${N}x" -count 1 -timeout 30m ./tests/ |
 	sed 's/^BenchmarkTurnBudget/BenchmarkTurnBudgetOneThread/' | tee -a "$OUT/go.txt"
+echo
+# The same stack with JetStream's production durability (sync_interval:
+# always, an fsync before every PubAck), the floor measured under it too.
+echo "== The same with the production fsync: BENCH_SYNC_ALWAYS=1 go test -run '^\$' -bench '^BenchmarkTurnBudget\$' -benchtime ${N}x -count 1 ./tests/"
+BENCH_SYNC_ALWAYS=1 go test -run '^$' -bench '^BenchmarkTurnBudget$' -benchtime "${N}x" -count 1 -timeout 30m ./tests/ |
+	sed 's/^BenchmarkTurnBudget/BenchmarkTurnBudgetSyncAlways/' | tee -a "$OUT/go.txt"
 echo
 echo "== The turn's commit alone against a single-row commit (BenchmarkTurnCommit, scratch tenant databases)"
 go test -run '^$' -bench '^BenchmarkTurnCommit$' -benchtime "${N}x" -count 1 -timeout 30m -v ./brain/internal/store/ |
@@ -150,6 +158,14 @@ END {
 	if (oratio != "") {
 		printf "  %-44s %10.2fx   goal <= 3x: %s\n", "the same, one thread of Go code: turn / floor", oratio, verdict(oratio <= 3)
 		printf "  %-44s %10.0f\n", "the same, one thread: turns/s, " C " callers", otps
+	}
+	A = "BenchmarkTurnBudgetSyncAlways/"
+	aratio = m[A "4_turn_http", "turn_over_floor"]
+	if (aratio != "") {
+		printf "  %-44s %10.0f us  (JetStream %.0f + Postgres %.0f)\n", "production fsync (sync_interval always): floor", m[A "4_turn_http", "floor_js_p50_us"] + m[A "4_turn_http", "floor_pg_p50_us"], m[A "4_turn_http", "floor_js_p50_us"], m[A "4_turn_http", "floor_pg_p50_us"]
+		printf "  %-44s %10.0f us\n", "production fsync: turn p50", m[A "4_turn_http", "p50_us"]
+		printf "  %-44s %10.2fx   goal <= 3x: %s\n", "production fsync: turn / floor", aratio, verdict(aratio <= 3)
+		printf "  %-44s %10.0f\n", "production fsync: turns/s, " C " callers", m[A "5_turn_http_parallel" C, "turns/s"]
 	}
 	E = "BenchmarkTurnEvents/turn_http"
 	if (m[E, "p50_us"] != "") {
