@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -94,6 +95,24 @@ func TestByteSize(t *testing.T) {
 		var b byteSize
 		if err := b.UnmarshalText([]byte(bad)); err == nil {
 			t.Errorf("%q accepted as %d", bad, b)
+		}
+	}
+}
+
+// TestRedactPassword: registry init's printed URL never carries the
+// reader's password, whatever characters it has (the URL escapes some).
+func TestRedactPassword(t *testing.T) {
+	t.Parallel()
+	for _, pw := range []string{"reader-password-0123", "A/b+c==", "p@ss:w#rd?%", "with space"} {
+		raw := (&url.URL{Scheme: "postgres", User: url.UserPassword("brain_registry_reader", pw), Host: "db:5432",
+			Path: "/brain_registry", RawQuery: "sslmode=verify-full"}).String()
+		got := redactPassword(raw)
+		if strings.Contains(got, pw) || strings.Contains(got, url.QueryEscape(pw)) || strings.Contains(got, url.PathEscape(pw)) ||
+			strings.Contains(got, strings.TrimPrefix(strings.TrimSuffix(raw, "@db:5432/brain_registry?sslmode=verify-full"), "postgres://brain_registry_reader:")) {
+			t.Errorf("password %q: printed %s", pw, got)
+		}
+		if want := "postgres://brain_registry_reader:REDACTED@db:5432/brain_registry?sslmode=verify-full"; got != want {
+			t.Errorf("password %q: printed %s, want %s", pw, got, want)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 
@@ -48,7 +49,7 @@ func (c *registryInitCmd) Run(a *app) error {
 	if err != nil {
 		return err
 	}
-	redacted := strings.Replace(readerURL, ":"+pw+"@", ":REDACTED@", 1)
+	redacted := redactPassword(readerURL)
 	if c.ReaderURLFile != "" {
 		if err := os.WriteFile(c.ReaderURLFile, []byte(readerURL+"\n"), 0o600); err != nil {
 			return &Error{Field: "--reader-url-file", Message: err.Error()}
@@ -169,4 +170,18 @@ func (c *migrateCmd) Run(a *app) error {
 		return partialError{failed: failed, total: len(ts)}
 	}
 	return nil
+}
+
+// redactPassword is rawURL with its password, however the URL escapes it,
+// replaced by REDACTED (url.URL.Redacted's "xxxxx" would read as the
+// password itself in a line that tells the operator to put theirs there).
+func redactPassword(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.User == nil {
+		return "(a URL that does not parse; not shown)"
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "REDACTED")
+	}
+	return u.String()
 }
