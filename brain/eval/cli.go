@@ -63,7 +63,7 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage+"\nrun flags:\n"); fs.PrintDefaults() }
 	setPath := fs.String("set", "brain/eval/testdata/set", "labelled set: a .jsonl file or a directory of them")
-	ollama := fs.String("ollama", os.Getenv("OLLAMA_HOST"), "Ollama server URL (default $OLLAMA_HOST)")
+	ollama := fs.String("ollama", "", "Ollama server URL (default $OLLAMA_HOST)")
 	modelName := fs.String("model", "", "model to run (replaces the tenant's model name; required if it names none)")
 	regURL := fs.String("registry", "", "registry URL (the reader role) to load the tenant from")
 	tenantID := fs.String("tenant", "", "tenant id in the registry")
@@ -89,6 +89,9 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fail := func(code int, err error) int {
 		fmt.Fprintf(stderr, "brain-eval: %v\n", err)
 		return code
+	}
+	if *ollama == "" {
+		*ollama = os.Getenv("OLLAMA_HOST")
 	}
 	if *ollama == "" {
 		return fail(ExitUsage, errors.New("no model server: give -ollama (or set OLLAMA_HOST)"))
@@ -258,11 +261,16 @@ func mainStore(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("brain-eval store", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("report", "", "the report's JSON (OUT.json of a run)")
-	adminURL := fs.String("admin-url", os.Getenv("BRAIN_ADMIN_URL"), "the ops tooling's admin URL (default $BRAIN_ADMIN_URL)")
+	// The variable is read after parsing, not shown as the flag's default:
+	// -h and a mistyped flag print defaults, and this URL has a password.
+	adminURL := fs.String("admin-url", "", "the ops tooling's admin URL (default $BRAIN_ADMIN_URL)")
 	regDB := fs.String("registry-db", provision.DefaultRegistryDB, "the registry database")
 	tenant := fs.String("tenant", "", "the tenant the report is for (must match the report's)")
 	if err := fs.Parse(args); err != nil {
 		return ExitUsage
+	}
+	if *adminURL == "" {
+		*adminURL = os.Getenv("BRAIN_ADMIN_URL")
 	}
 	fail := func(code int, err error) int {
 		fmt.Fprintf(stderr, "brain-eval store: %v\n", err)

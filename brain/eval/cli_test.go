@@ -2,6 +2,7 @@ package eval_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -116,5 +117,32 @@ func TestCommandRunAndCompare(t *testing.T) {
 		if code, _, errs := main(tc.args...); code != eval.ExitUsage || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: exit %d, %q does not say %q", tc.args, code, errs, tc.want)
 		}
+	}
+}
+
+// TestHelpShowsNoSecret: -h and a mistyped flag print the flags' defaults;
+// URLs that come from the environment (and carry a password) are not among
+// them, yet still used when the flag is not given.
+func TestHelpShowsNoSecret(t *testing.T) {
+	t.Setenv("BRAIN_ADMIN_URL", "postgres://admin:s3cret-pw@127.0.0.1:1/postgres")
+	t.Setenv("OLLAMA_HOST", "http://user:s3cret-pw@127.0.0.1:1")
+	for _, args := range [][]string{{"store", "-h"}, {"store", "-tenat", "x"}, {"run", "-h"}, {"-olama", "x"}} {
+		var out, errOut bytes.Buffer
+		if code := eval.Main(context.Background(), args, &out, &errOut); code != eval.ExitUsage {
+			t.Errorf("%v: exit %d, want %d", args, code, eval.ExitUsage)
+		}
+		if strings.Contains(out.String()+errOut.String(), "s3cret-pw") {
+			t.Errorf("%v printed a password from the environment:\n%s%s", args, out.String(), errOut.String())
+		}
+		if !strings.Contains(errOut.String(), "$") {
+			t.Errorf("%v: the usage does not name the variables:\n%s", args, errOut.String())
+		}
+	}
+	// Without -admin-url the variable stands in for it: store goes on to
+	// read the report (which does not exist), not "give -admin-url".
+	var out, errOut bytes.Buffer
+	code := eval.Main(context.Background(), []string{"store", "-report", "testdata/none.json"}, &out, &errOut)
+	if code != eval.ExitUsage || !strings.Contains(errOut.String(), "none.json") || strings.Contains(errOut.String(), "s3cret-pw") {
+		t.Errorf("store without -admin-url: exit %d, %s", code, errOut.String())
 	}
 }
