@@ -61,6 +61,19 @@ func portsFree(o UpOptions) error {
 	return nil
 }
 
+// withStack is a replica's configuration: the environment's (base), with
+// the stack's own NATS, credentials, registry, sealing key and replica
+// name, and its TLS setting for tenant databases (none: its cluster serves
+// no TLS) unless BRAIN_DB_SSLMODE says otherwise.
+func withStack(base, own brain.Config) brain.Config {
+	cfg := base
+	cfg.NATSURL, cfg.CredsFile, cfg.RegistryURL, cfg.SealingKey, cfg.Replica = own.NATSURL, own.CredsFile, own.RegistryURL, own.SealingKey, own.Replica
+	if cfg.DBSSLMode == "" {
+		cfg.DBSSLMode = own.DBSSLMode
+	}
+	return cfg
+}
+
 // Up runs the development stack until ctx is done: Postgres initialised in
 // Dir/pg, embedded NATS with generated accounts, the registry, tenant
 // client-zero, brain replicas and client-zero's edge. It prints a curl that
@@ -109,9 +122,7 @@ func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error
 	var wg sync.WaitGroup
 	errs := make(chan error, o.Replicas+1)
 	for i := 1; i <= o.Replicas; i++ {
-		cfg := base
-		own := st.BrainConfig(fmt.Sprintf("dev-%d", i))
-		cfg.NATSURL, cfg.CredsFile, cfg.RegistryURL, cfg.SealingKey, cfg.Replica = own.NATSURL, own.CredsFile, own.RegistryURL, own.SealingKey, own.Replica
+		cfg := withStack(base, st.BrainConfig(fmt.Sprintf("dev-%d", i)))
 		if i == 1 {
 			cfg.OpsAddr = o.OpsAddr
 		}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"n8nbrain/brain"
+
 	"n8nbrain/deploy/localpg"
 	"n8nbrain/internal/testdb"
 )
@@ -167,4 +169,20 @@ func (b *signalBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// The replicas make dev runs connect to tenant databases without trying
+// TLS (its cluster serves none), as the README says, unless
+// BRAIN_DB_SSLMODE asks for something else; the stack's own NATS, creds,
+// registry and sealing key replace the environment's.
+func TestWithStackKeepsTheStacksTLSSetting(t *testing.T) {
+	own := brain.Config{NATSURL: "nats://127.0.0.1:1", CredsFile: "/s/brain.creds", RegistryURL: "postgres://r@x/reg",
+		SealingKey: []byte("k"), Replica: "dev-1", DBSSLMode: "disable"}
+	if got := withStack(brain.Config{TenantWorkers: 7}, own); got.DBSSLMode != "disable" || got.TenantWorkers != 7 ||
+		got.NATSURL != own.NATSURL || got.CredsFile != own.CredsFile || got.RegistryURL != own.RegistryURL || got.Replica != "dev-1" {
+		t.Errorf("BRAIN_DB_SSLMODE unset: %+v", got)
+	}
+	if got := withStack(brain.Config{DBSSLMode: "require"}, own); got.DBSSLMode != "require" {
+		t.Errorf("BRAIN_DB_SSLMODE=require became %q", got.DBSSLMode)
+	}
 }
