@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 
@@ -279,7 +280,17 @@ func (b *brain) handleAPI(m *nats.Msg) {
 			return
 		}
 	}
-	if err := m.RespondMsg(out); err != nil {
+	if err := m.RespondMsg(out); errors.Is(err, nats.ErrMaxPayload) {
+		// Said to the caller, who would otherwise wait out its timeout and
+		// retry a call that cannot succeed.
+		log.Error("API reply larger than the NATS server's max_payload", "bytes", len(out.Data))
+		out.Header.Set(wire.HeaderStatus, wire.StatusError)
+		out.Data, _ = json.Marshal(wire.ErrorReply{Error: &wire.Error{Code: wire.CodeInternal,
+			Message: "the reply (" + strconv.Itoa(len(out.Data)) + " bytes) is larger than the NATS server's max_payload; ask for less (a smaller limit, or brief)"}})
+		if err := m.RespondMsg(out); err != nil {
+			log.Warn("respond to API call", "error", err)
+		}
+	} else if err != nil {
 		log.Warn("respond to API call", "error", err)
 	}
 }

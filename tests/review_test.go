@@ -202,3 +202,60 @@ func TestEditedJobIsTheJobCreated(t *testing.T) {
 		t.Fatalf("create_job after an edit carries %v, want the edited job %v", got, edited)
 	}
 }
+
+// TestApprovalListOfLargeDrafts: full content can make a page of approvals
+// larger than a NATS message (drafts of up to 20,000 characters). Such a
+// page ends early, within wire.MaxAPIReplyBytes, and its cursor goes on:
+// every approval is listed once, none is lost, and no page is an error.
+func TestApprovalListOfLargeDrafts(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	sp := spec("bigdrafts")
+	body := strings.Repeat("€", 19_000) // 57,000 bytes of UTF-8 per draft
+	params, _ := json.Marshal(map[string]string{"subject": "Re: quote", "body": body})
+	sp.Rules[0].Params = params
+	a := s.tenant(sp)
+	s.startBrain("r1", nil)
+	ea := s.startEdge(a, nil)
+	const n = 25 // about 1.4 MB of drafts: more than NATS's 1 MiB max_payload
+	for i := range n {
+		ea.submit(quoteEmail(fmt.Sprintf("<big-%02d@x>", i))).reply(t)
+	}
+	seen := map[string]bool{}
+	pages := 0
+	q := url.Values{"limit": {"200"}}
+	for {
+		r := ea.do(http.MethodGet, "/v1/approvals?"+q.Encode(), nil)
+		if r.Status != http.StatusOK {
+			t.Fatalf("page %d: %d %s", pages, r.Status, r.Body)
+		}
+		if len(r.Body) > wire.MaxAPIReplyBytes {
+			t.Fatalf("page %d is %d bytes, more than %d", pages, len(r.Body), wire.MaxAPIReplyBytes)
+		}
+		var p wire.ApprovalListReply
+		if err := json.Unmarshal(r.Body, &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.Total != n || p.Offset != len(seen) || len(p.Approvals) == 0 {
+			t.Fatalf("page %d: total %d offset %d with %d approvals, want total %d offset %d", pages, p.Total, p.Offset, len(p.Approvals), n, len(seen))
+		}
+		for _, ap := range p.Approvals {
+			if seen[ap.WorkItemID] {
+				t.Fatalf("%s listed twice", ap.WorkItemID)
+			}
+			seen[ap.WorkItemID] = true
+			var got struct{ Body string }
+			if err := json.Unmarshal(ap.Proposed, &got); err != nil || got.Body != body {
+				t.Fatalf("%s: the draft came back cut or changed (%d characters)", ap.WorkItemID, len([]rune(got.Body)))
+			}
+		}
+		pages++
+		if p.NextCursor == "" {
+			break
+		}
+		q.Set("cursor", p.NextCursor)
+	}
+	if len(seen) != n || pages < 3 {
+		t.Fatalf("%d approvals over %d pages, want %d over at least 3 (each page at most %d bytes)", len(seen), pages, n, wire.MaxAPIReplyBytes)
+	}
+}

@@ -8,8 +8,13 @@ import (
 	"time"
 )
 
-// MaxAPIBytes bounds a tenant API request or reply on NATS and over HTTP.
+// MaxAPIBytes bounds a tenant API request on NATS and over HTTP.
 const MaxAPIBytes = 64 << 10
+
+// MaxAPIReplyBytes bounds a tenant API reply, below NATS's default
+// max_payload (1 MiB) with room for headers: a page of approvals that would
+// be larger ends early, with a next_cursor for the rest.
+const MaxAPIReplyBytes = 512 << 10
 
 // ApprovalStatus is the state of an approval record.
 type ApprovalStatus string
@@ -117,7 +122,9 @@ type ApprovalListReply struct {
 	// many of them come before this page.
 	Total  int `json:"total"`
 	Offset int `json:"offset"`
-	// NextCursor fetches the next page; empty on the last one.
+	// NextCursor fetches the next page; empty on the last one. A page can
+	// hold fewer than the limit asked for when the approvals' content
+	// would make it larger than MaxAPIReplyBytes.
 	NextCursor string `json:"next_cursor,omitempty"`
 }
 

@@ -235,7 +235,24 @@ func (a *Approvals) List(ctx context.Context, t *registry.Tenant, req *wire.Appr
 	if n := len(page.Keys); n == limit && page.Offset+n < page.Total {
 		rep.NextCursor = encodeCursor(page.Keys[n-1], status, query)
 	}
+	// Full content (drafts of up to 20,000 characters, edited ones twice)
+	// can make a page of 200 larger than a NATS message: such a page ends
+	// after the approvals that fit, and its cursor goes on from there.
+	for n := len(rep.Approvals); n > 1 && replySize(rep) > wire.MaxAPIReplyBytes; {
+		n = max(1, n*wire.MaxAPIReplyBytes/replySize(rep))
+		rep.Approvals = rep.Approvals[:n]
+		rep.NextCursor = encodeCursor(page.Keys[n-1], status, query)
+	}
 	return rep, nil
+}
+
+// replySize is the encoded size of rep.
+func replySize(rep *wire.ApprovalListReply) int {
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return 0 // the API's own encoding reports it
+	}
+	return len(b)
 }
 
 // cursor is a listing's position: the last key of a page, and the status
