@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"encoding/json"
 	"html"
 	"io"
 	"log/slog"
@@ -615,6 +616,21 @@ func TestReviewDecide(t *testing.T) {
 		want := `{"body":"Hello,\nTuesday at 9 works.\n\u003cb\u003eBob\u003c/b\u003e ` + "\u202e" + `","subject":"Re: Your quote","tone":"formal"}`
 		if req.Decision != wire.DecisionEdit || string(req.Edited) != want {
 			t.Errorf("the brain got %s %s, want edit with %s", req.Decision, req.Edited, want)
+		}
+	})
+
+	t.Run("EditAtTheCatalogueLimit", func(t *testing.T) {
+		// 20,000 characters of 4 bytes: 240 KB once percent-encoded, a
+		// draft the catalogue allows; the form carries it.
+		id := testUUID(28)
+		body := strings.Repeat("😀", 20_000)
+		f := proposedForm(b.csrfOf(t, id))
+		f.Set("p.body", body)
+		post(t, id, f)
+		req := decided(t, id)
+		var got struct{ Body string }
+		if err := json.Unmarshal(req.Edited, &got); req.Decision != wire.DecisionEdit || err != nil || got.Body != body {
+			t.Errorf("the brain got %s with a body of %d characters, want edit with all %d", req.Decision, len([]rune(got.Body)), 20_000)
 		}
 	})
 

@@ -269,6 +269,37 @@ func TestEditAndApprove(t *testing.T) {
 	}
 }
 
+// An edit at the catalogue's limits is accepted end to end: a body of
+// 20,000 characters of 4 bytes each (80 KB of UTF-8), and one of 20,000
+// characters JSON writes as \u003c (120 KB), through the edge's body limit,
+// the tenant's NATS payload limit and the brain's API limit.
+func TestEditAtTheCatalogueLimits(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("edit-big"))
+	s.startBrain("r1", nil)
+	ea := s.startEdge(a, nil)
+	for i, body := range []string{strings.Repeat("😀", 20_000), strings.Repeat("<", 20_000)} {
+		rep := ea.submit(quoteEmail(fmt.Sprintf("<edit-big-%d@customer.example>", i))).reply(t)
+		edited := map[string]string{"subject": "Re: your deck", "body": body}
+		dr := ea.decide(rep.Action.ApprovalID, "edit", map[string]any{"by": "alice", "params": edited})
+		if dr.Status != http.StatusOK {
+			t.Fatalf("edit of %d bytes: %d %.300s", len(body), dr.Status, dr.Body)
+		}
+		canon, _ := json.Marshal(edited)
+		if got := ea.approval(rep.Action.ApprovalID).Approval; got.EditedSHA256 != wire.ContentSHA256(canon) {
+			t.Fatalf("edit of %d bytes: edited hash %s, want %s", len(body), got.EditedSHA256, wire.ContentSHA256(canon))
+		}
+	}
+	// One character more is the catalogue's refusal, naming the parameter,
+	// not a size limit's.
+	rep := ea.submit(quoteEmail("<edit-big-over@customer.example>")).reply(t)
+	over := map[string]any{"by": "alice", "params": map[string]string{"subject": "Re", "body": strings.Repeat("😀", 20_001)}}
+	if e := ea.decide(rep.Action.ApprovalID, "edit", over).error(t, http.StatusBadRequest); e.Field != "edited" || !strings.Contains(e.Message, `"body" is longer than 20000 characters`) {
+		t.Fatalf("an edit over the body's limit: %+v", e)
+	}
+}
+
 // 3. 1,000 approvals straddling their expiry, two sweepers at once: none
 // approved without a human, each expired approval re-queued exactly once,
 // late approvals rejected.

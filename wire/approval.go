@@ -8,8 +8,13 @@ import (
 	"time"
 )
 
-// MaxAPIBytes bounds a tenant API request on NATS and over HTTP.
-const MaxAPIBytes = 64 << 10
+// MaxAPIBytes bounds a tenant API request on NATS and over HTTP. The
+// largest valid one is an edit of a draft at its catalogue limits: 20,000
+// characters of body, each up to 6 bytes in JSON (a 4-byte character, or
+// one JSON escapes as \uXXXX), about 120 KB. It stays 64 KiB below the
+// tenant account's payload limit (account.TenantMaxPayload, headers
+// included), so that what the edge accepts the server carries.
+const MaxAPIBytes = 192 << 10
 
 // MaxAPIReplyBytes bounds a tenant API reply, below NATS's default
 // max_payload (1 MiB) with room for headers: a page of approvals that would
