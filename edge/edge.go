@@ -93,7 +93,9 @@ type Config struct {
 	// [EDGE_WEBHOOK_SECRET, or a file named by EDGE_WEBHOOK_SECRET_FILE].
 	WebhookSecret string
 	// WebhookTimeout bounds one POST to the webhook [EDGE_WEBHOOK_TIMEOUT].
-	// Default 10s.
+	// Default 60s: n8n's events workflow answers once the turn it submits
+	// is accepted, which can take the whole TurnWait and a 202's polling;
+	// a POST cut short is delivered again, and n8n runs the workflow again.
 	WebhookTimeout time.Duration
 	// WebhookRetries is how many times a failed delivery is retried before
 	// the event is parked until the brain publishes it again. Default 8.
@@ -111,7 +113,7 @@ const (
 	DefaultTurnWait          = 10 * time.Second
 	DefaultPublishTimeout    = 5 * time.Second
 
-	DefaultWebhookTimeout         = 10 * time.Second
+	DefaultWebhookTimeout         = 60 * time.Second
 	DefaultWebhookRetries         = 8
 	DefaultWebhookInitialInterval = 500 * time.Millisecond
 	DefaultWebhookMaxInterval     = 30 * time.Second
@@ -370,10 +372,16 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 	var ev *events
 	if cfg.WebhookURL == "" {
 		logger.Info("events are not delivered: EDGE_WEBHOOK_URL is not set; the brain keeps them until an edge delivers them")
-	} else if ev, err = startEvents(nc, cfg, rl, m, logger); err != nil {
-		ln.Close()
-		nc.Close()
-		return err
+	} else {
+		if cfg.WebhookTimeout <= cfg.TurnWait {
+			logger.Warn("EDGE_WEBHOOK_TIMEOUT is not longer than EDGE_TURN_WAIT: n8n answers an event once the turn it submits is accepted, "+
+				"so deliveries may be cut short and delivered again", "webhook_timeout", cfg.WebhookTimeout.String(), "turn_wait", cfg.TurnWait.String())
+		}
+		if ev, err = startEvents(nc, cfg, rl, m, logger); err != nil {
+			ln.Close()
+			nc.Close()
+			return err
+		}
 	}
 
 	srv := &http.Server{

@@ -710,3 +710,24 @@ func TestWebhookReusesItsConnectionsAcrossBursts(t *testing.T) {
 		t.Errorf("n8n saw %d connections for %d bursts of %d events, want at most %d (one per delivery in flight)", got, bursts, burst, burst)
 	}
 }
+
+// A webhook timeout no longer than the turn wait is warned of at start (n8n
+// answers an event once its next turn is accepted); the default is not.
+func TestShortWebhookTimeoutIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, true)
+	const warning = "EDGE_WEBHOOK_TIMEOUT is not longer than EDGE_TURN_WAIT"
+	for _, tc := range []struct {
+		timeout time.Duration
+		warned  bool
+	}{{5 * time.Second, true}, {0, false}} {
+		e := startEdge(t, n, func(c *Config) {
+			c.WebhookURL, c.WebhookSecret, c.WebhookTimeout = "http://127.0.0.1:1/w", testWebhookSecret, tc.timeout
+		})
+		e.logs.waitFor(t, `"msg":"edge serving"`)
+		if got := strings.Contains(e.logs.String(), warning); got != tc.warned {
+			t.Errorf("EDGE_WEBHOOK_TIMEOUT %v with EDGE_TURN_WAIT 5s: warned %v, want %v", tc.timeout, got, tc.warned)
+		}
+		e.stop()
+	}
+}
