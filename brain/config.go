@@ -261,11 +261,17 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	}
 	c.SealingKey = keyVar("BRAIN_SEALING_KEY")
 	c.PreviousSealingKey = keyVar("BRAIN_SEALING_KEY_PREVIOUS")
+	// Every count here is positive; 0 in the Config means its default, so
+	// a 0 (or less) written in the environment is refused rather than
+	// silently read as the default.
 	intVar := func(name string, dst *int) {
 		if v := getenv(name); v != "" {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
+			switch {
+			case err != nil:
 				errs = append(errs, fmt.Errorf("%s must be an integer, got %q", name, v))
+			case n < 1:
+				errs = append(errs, fmt.Errorf("%s must be at least 1, got %d (unset it for the default)", name, n))
 			}
 			*dst = n
 		}
@@ -291,8 +297,12 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	intVar("BRAIN_MODEL_BREAKER_MIN_CALLS", &c.Model.BreakerMinCalls)
 	if v := getenv("BRAIN_MODEL_BREAKER_FAILURE_RATIO"); v != "" {
 		r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil {
+		switch {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("BRAIN_MODEL_BREAKER_FAILURE_RATIO must be a number, got %q", v))
+		case r <= 0 || r > 1:
+			// 0 would be read as the default (0.5), not as "any failure".
+			errs = append(errs, fmt.Errorf("BRAIN_MODEL_BREAKER_FAILURE_RATIO must be greater than 0 and at most 1, got %v", r))
 		}
 		c.Model.BreakerFailureRatio = r
 	}

@@ -210,3 +210,27 @@ func TestDBTLSConfig(t *testing.T) {
 		})
 	}
 }
+
+// A count or ratio written as 0 in the environment is refused, naming the
+// variable: 0 in the Config stands for the default, so reading it would
+// silently run with something else than what the operator wrote.
+func TestZeroFromTheEnvironmentIsRefused(t *testing.T) {
+	t.Parallel()
+	base := map[string]string{"BRAIN_NATS_URL": "nats://x", "BRAIN_NATS_CREDS": "c", "BRAIN_REGISTRY_URL": "postgres://x",
+		"BRAIN_SEALING_KEY": strings.Repeat("ab", 32)}
+	for _, name := range []string{"BRAIN_WORKERS", "BRAIN_TENANT_WORKERS", "BRAIN_DB_CONNS_PER_TENANT", "BRAIN_DB_MAX_CONNS",
+		"BRAIN_MODEL_CONCURRENCY", "BRAIN_MODEL_BREAKER_MIN_CALLS", "BRAIN_MODEL_BREAKER_FAILURE_RATIO"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := ConfigFromEnv(func(k string) string {
+				if k == name {
+					return "0"
+				}
+				return base[k]
+			})
+			if err == nil || !strings.Contains(err.Error(), name+" must be") {
+				t.Fatalf("%s=0: %v, want an error naming it", name, err)
+			}
+		})
+	}
+}
