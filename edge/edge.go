@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"n8nbrain/internal/telemetry"
+	"n8nbrain/nats/conf"
 	"n8nbrain/nats/connwatch"
 )
 
@@ -334,7 +335,7 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 	)...)
 	if err != nil {
 		ln.Close()
-		return fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
+		return fmt.Errorf("connect to NATS at %s: %w", conf.RedactURLs(cfg.NATSURL), err)
 	}
 	m := newMetrics(cfg.TenantID, nc)
 	rl, err := newRelay(nc, cfg, m, logger)

@@ -574,7 +574,7 @@ func InitStreams(ctx context.Context, o InitOptions, natsURL string, log *slog.L
 	nc, err := nats.Connect(natsURL, nats.UserCredentials(creds), nats.Name("provisioner"),
 		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1))
 	if err != nil {
-		return 0, fmt.Errorf("connect to NATS at %s with %s: %w", natsURL, creds, err)
+		return 0, fmt.Errorf("connect to NATS at %s with %s: %w", conf.RedactURLs(natsURL), creds, err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

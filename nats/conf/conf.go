@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -278,4 +279,27 @@ func WriteFile(path string, c Config) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// RedactURLs is a client's NATS server list (comma-separated URLs, as
+// nats.Connect takes it) fit for an error message: a password or token in
+// any URL is hidden.
+func RedactURLs(servers string) string {
+	parts := strings.Split(servers, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		switch {
+		case err != nil:
+			parts[i] = "(a URL that does not parse)"
+		case u.User != nil:
+			if _, has := u.User.Password(); has {
+				parts[i] = u.Redacted()
+			} else {
+				// nats://TOKEN@host: the user part is the token.
+				u.User = url.User("xxxxx")
+				parts[i] = u.String()
+			}
+		}
+	}
+	return strings.Join(parts, ",")
 }

@@ -358,3 +358,17 @@ func TestClusterConfigFilesFormACluster(t *testing.T) {
 		t.Fatalf("the stream is not on three nodes: %+v", info.Cluster)
 	}
 }
+
+func TestRedactURLs(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://127.0.0.1:4222":                 "nats://127.0.0.1:4222",
+		"nats://u:s3cret@a:4222,nats://b:4222":  "nats://u:xxxxx@a:4222,nats://b:4222",
+		"tls://s3cret@nats.example:4222":        "tls://xxxxx@nats.example:4222",
+		"nats://a:4222, nats://u:s3cret@b:4222": "nats://a:4222,nats://u:xxxxx@b:4222",
+		"nats://%zz:s3cret@a:4222":              "(a URL that does not parse)",
+	} {
+		if got := conf.RedactURLs(in); got != want || strings.Contains(got, "s3cret") {
+			t.Errorf("RedactURLs(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"n8nbrain/nats/conf"
 	"n8nbrain/nats/stream"
 	"n8nbrain/provision"
 	"n8nbrain/registry"
@@ -256,7 +257,7 @@ func (a *app) streams() (*provision.Streams, error) {
 		nc, err := nats.Connect(g.NATSURL, nats.UserCredentials(g.NATSCreds), nats.Name("brainctl"),
 			nats.Timeout(10*time.Second), nats.MaxReconnects(3))
 		if err != nil {
-			return nil, &Error{Field: "--nats-url", Message: fmt.Sprintf("connect to NATS at %s with %s: %v", g.NATSURL, g.NATSCreds, err)}
+			return nil, &Error{Field: "--nats-url", Message: fmt.Sprintf("connect to NATS at %s with %s: %v", conf.RedactURLs(g.NATSURL), g.NATSCreds, err)}
 		}
 		a.nc = nc
 	}
