@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -280,17 +281,22 @@ func (b *brain) handleAPI(m *nats.Msg) {
 			return
 		}
 	}
-	if err := m.RespondMsg(out); errors.Is(err, nats.ErrMaxPayload) {
-		// Said to the caller, who would otherwise wait out its timeout and
-		// retry a call that cannot succeed.
+	respondAPI(m, out, log)
+}
+
+// respondAPI sends out as m's answer. One larger than the server's
+// max_payload is answered with an error saying so: the caller would
+// otherwise wait out its timeout and retry a call that cannot succeed.
+func respondAPI(m, out *nats.Msg, log *slog.Logger) {
+	err := m.RespondMsg(out)
+	if errors.Is(err, nats.ErrMaxPayload) {
 		log.Error("API reply larger than the NATS server's max_payload", "bytes", len(out.Data))
 		out.Header.Set(wire.HeaderStatus, wire.StatusError)
 		out.Data, _ = json.Marshal(wire.ErrorReply{Error: &wire.Error{Code: wire.CodeInternal,
 			Message: "the reply (" + strconv.Itoa(len(out.Data)) + " bytes) is larger than the NATS server's max_payload; ask for less (a smaller limit, or brief)"}})
-		if err := m.RespondMsg(out); err != nil {
-			log.Warn("respond to API call", "error", err)
-		}
-	} else if err != nil {
+		err = m.RespondMsg(out)
+	}
+	if err != nil {
 		log.Warn("respond to API call", "error", err)
 	}
 }
