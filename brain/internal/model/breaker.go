@@ -12,7 +12,9 @@ import (
 // its default.
 type BreakerConfig struct {
 	// Window is how far back calls count (a rolling window of ten buckets).
-	// Default 30s.
+	// Default, in a Client: room for MinCalls calls that all time out,
+	// MaxConcurrent at a time, plus one timeout (240s with the defaults);
+	// 30s for a Breaker made alone.
 	Window time.Duration
 	// MinCalls is how many finished calls in the window it takes before the
 	// failure ratio means anything. Default 5.
@@ -25,12 +27,14 @@ type BreakerConfig struct {
 	CoolDown time.Duration
 }
 
+const defaultMinCalls = 5
+
 func (c BreakerConfig) withDefaults() BreakerConfig {
 	if c.Window <= 0 {
 		c.Window = 30 * time.Second
 	}
 	if c.MinCalls <= 0 {
-		c.MinCalls = 5
+		c.MinCalls = defaultMinCalls
 	}
 	if c.FailureRatio <= 0 || c.FailureRatio > 1 {
 		c.FailureRatio = 0.5

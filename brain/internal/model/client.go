@@ -61,7 +61,27 @@ func (c Config) withDefaults() Config {
 	if c.MaxConcurrent <= 0 {
 		c.MaxConcurrent = 2
 	}
+	if c.Breaker.Window <= 0 {
+		c.Breaker.Window = breakerWindow(c.Breaker.MinCalls, c.MaxConcurrent, c.Timeout)
+	}
 	return c
+}
+
+// breakerWindow is the breaker's default window: long enough to see
+// minCalls calls finish even when every one hangs until its timeout, at
+// most concurrent at a time, with one timeout to spare (the window moves
+// in buckets). A shorter window would never count enough calls to open on
+// a model that hangs: each item would wait out a whole timeout. At most an
+// hour (the evaluation's breakers never open: MinCalls is huge).
+func breakerWindow(minCalls, concurrent int, timeout time.Duration) time.Duration {
+	if minCalls <= 0 {
+		minCalls = defaultMinCalls
+	}
+	rounds := (minCalls + concurrent - 1) / concurrent
+	if rounds >= int(time.Hour/timeout) {
+		return time.Hour
+	}
+	return time.Duration(rounds+1) * timeout
 }
 
 // ParseURL accepts what OLLAMA_HOST accepts: a URL, or host[:port] with
@@ -231,6 +251,11 @@ type Client struct {
 // New returns a client; it makes no call.
 func New(cfg Config, log *slog.Logger) (*Client, error) {
 	cfg = cfg.withDefaults()
+	if need := breakerWindow(cfg.Breaker.MinCalls, cfg.MaxConcurrent, cfg.Timeout) - cfg.Timeout; cfg.Breaker.Window < need {
+		log.Warn("BRAIN_MODEL_BREAKER_WINDOW is too short to open on a model that hangs: it cannot see BRAIN_MODEL_BREAKER_MIN_CALLS "+
+			"calls time out at BRAIN_MODEL_CONCURRENCY at a time, so every item would wait out BRAIN_MODEL_TIMEOUT (unset it for the default)",
+			"breaker_window", cfg.Breaker.Window.String(), "needed", need.String())
+	}
 	u, err := ParseURL(cfg.URL)
 	if err != nil {
 		return nil, err
@@ -320,7 +345,7 @@ func (c *Client) Ping(ctx context.Context) (string, error) {
 		}
 		return "", &Error{Kind: KindTransport, Attempts: 1}
 	}
-	return v, nil
+	return truncate(v, 64), nil // the server's text, for a log line
 }
 
 // Chat sends one chat (stream off) and returns the answer. Transport errors,
@@ -459,7 +484,9 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 			// answer is not used (its tokens still count: they were spent).
 			call.Outcome = OutcomeError
 			c.log.Warn("model server answered with another model than asked; the answer is not used",
-				"asked", req.Model, "answered", truncate(got.Model, 200))
+				// Not the name it answered: that is the server's text, and
+				// a lying server can echo the prompt (the e-mail) in it.
+				"asked", req.Model, "answered_bytes", len(got.Model))
 			return nil, call, ResultFailure, false, &Error{Kind: KindWrongModel}
 		}
 		return got, call, ResultSuccess, false, nil
@@ -547,7 +574,10 @@ type statusTransport struct{ base http.RoundTripper }
 
 func (t statusTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := t.base.RoundTrip(r)
-	if err != nil || resp.StatusCode < http.StatusBadRequest {
+	// A redirect is an error too, never followed: following it would send
+	// the prompt (the e-mail) again, to a host nobody configured, in calls
+	// the ledger does not count.
+	if err != nil || resp.StatusCode < http.StatusMultipleChoices {
 		return resp, err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so the connection is reused

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -571,5 +572,43 @@ func TestChatRetryAfterDoesNotChangeWhatTheBreakerCounts(t *testing.T) {
 			t.Errorf("HTTP %d with Retry-After 120: server saw %d calls, breaker %s; want 3 (none retried) and %s",
 				tc.status, f.Calls(), c.BreakerState(), tc.want)
 		}
+	}
+}
+
+// The breaker's default window holds MinCalls calls that all hang until
+// their timeout, MaxConcurrent at a time: otherwise a model that hangs
+// never opens it (30s against the 60s timeout did not). A window set too
+// short is kept, and warned of at start.
+func TestBreakerWindowHoldsTheMinCalls(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want time.Duration
+	}{
+		{Config{}, 4 * time.Minute}, // 60s timeout, 2 at a time, 5 calls: 3 rounds and one to spare
+		{Config{Timeout: 2 * time.Second}, 8 * time.Second},
+		{Config{MaxConcurrent: 8, Breaker: BreakerConfig{MinCalls: 20}}, 4 * time.Minute},
+		{Config{Breaker: BreakerConfig{MinCalls: math.MaxInt32}}, time.Hour}, // the evaluation's never-opening breaker
+		{Config{Breaker: BreakerConfig{Window: 10 * time.Second}}, 10 * time.Second},
+	} {
+		c := tc.cfg.withDefaults()
+		if c.Breaker.Window != tc.want {
+			t.Errorf("%+v: window %v, want %v", tc.cfg, c.Breaker.Window, tc.want)
+		}
+		calls := max(tc.cfg.Breaker.MinCalls, 5)
+		if tc.cfg.Breaker.Window == 0 && calls < math.MaxInt32 && int(c.Breaker.Window/c.Timeout)*c.MaxConcurrent < calls {
+			t.Errorf("%+v: a window of %v sees fewer than %d calls time out", tc.cfg, c.Breaker.Window, calls)
+		}
+	}
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	if _, err := New(Config{URL: "http://127.0.0.1:1", Breaker: BreakerConfig{Window: 30 * time.Second}}, log); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "BRAIN_MODEL_BREAKER_WINDOW is too short") {
+		t.Errorf("a 30s window with the 60s timeout was not warned of: %q", logs.String())
+	}
+	logs.Reset()
+	if _, err := New(Config{URL: "http://127.0.0.1:1"}, log); err != nil || logs.Len() != 0 {
+		t.Errorf("the defaults: %v, logged %q", err, logs.String())
 	}
 }
