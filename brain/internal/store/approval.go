@@ -486,9 +486,16 @@ func OutcomeReport(ctx context.Context, q DBTX, since *time.Time) (wire.OutcomeR
 		}
 		ta := &r.Turnaround
 		ta.Count, ta.MeanSeconds = n, sum/float64(n)
-		ta.P50Seconds, ta.P90Seconds = secs[(n-1)*50/100], secs[(n-1)*90/100]
+		ta.P50Seconds, ta.P90Seconds = nearestRank(secs, 50), nearestRank(secs, 90)
 	}
 	return r, nil
+}
+
+// nearestRank is the p-th percentile of sorted (not empty): the smallest
+// value with at least p % of them at or below it. Rounding the rank down
+// instead made the p90 of three turnarounds their median.
+func nearestRank(sorted []float64, p int) float64 {
+	return sorted[max(1, (len(sorted)*p+99)/100)-1]
 }
 
 // PendingApproval is a pending approval's times, for the metrics of what

@@ -473,3 +473,22 @@ func TestTransient(t *testing.T) {
 		}
 	}
 }
+
+// The report's turnaround percentiles are nearest-rank: the p90 of three
+// is the largest, not the median.
+func TestNearestRank(t *testing.T) {
+	for _, tc := range []struct {
+		secs     []float64
+		p50, p90 float64
+	}{
+		{[]float64{6.83, 6.86, 35.4}, 6.86, 35.4},
+		{[]float64{7}, 7, 7},
+		{[]float64{1, 2}, 1, 2},
+		{[]float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 5, 9},
+		{[]float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 6, 10},
+	} {
+		if p50, p90 := nearestRank(tc.secs, 50), nearestRank(tc.secs, 90); p50 != tc.p50 || p90 != tc.p90 {
+			t.Errorf("%v: p50 %v p90 %v, want %v and %v", tc.secs, p50, p90, tc.p50, tc.p90)
+		}
+	}
+}
