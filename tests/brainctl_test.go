@@ -88,8 +88,12 @@ func TestBrainctlTenantLifecycle(t *testing.T) {
 	if out := c.ok("rules", "export", "alpha", "--format", "yaml"); !strings.Contains(out, "0.95") {
 		t.Fatalf("a refused create changed the rules:\n%s", out)
 	}
-	if out := c.ok("tenant", "show", "alpha"); !strings.Contains(out, "review_app") {
-		t.Fatalf("a refused create changed the tenant:\n%s", out)
+	if out := c.ok("tenant", "show", "alpha"); !strings.Contains(out, "review_app") || !strings.Contains(out, "password sealed with the current key") {
+		t.Fatalf("a refused create changed the tenant, or show does not say which key seals it:\n%s", out)
+	}
+	// Without the key, show says it did not check, and how to.
+	if out := c.with("BRAIN_SEALING_KEY", "").ok("tenant", "show", "alpha"); !strings.Contains(out, "password sealing not checked: give --sealing-key") {
+		t.Fatalf("show without the sealing key:\n%s", out)
 	}
 
 	s.startBrain("r1", nil)

@@ -623,6 +623,8 @@ func (c *tenantShowCmd) Run(a *app) error {
 		printTenant(w, out.Tenant)
 		if out.SealedWith != "" {
 			fmt.Fprintf(w, "password sealed with the %s key\n", out.SealedWith)
+		} else {
+			fmt.Fprintln(w, "password sealing not checked: give --sealing-key (BRAIN_SEALING_KEY) to see which key opens it")
 		}
 		if len(t.Rules) > 0 {
 			fmt.Fprintln(w)
