@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"net"
-	"slices"
 	"testing"
 	"time"
 
@@ -166,10 +165,8 @@ func BenchmarkTurnTimeline(b *testing.B) {
 	if len(all) < b.N/2 {
 		b.Fatalf("%d complete turn traces of %d turns: spans were lost", len(all), b.N)
 	}
-	slices.Sort(all)
 	b.ReportMetric(us(all.pct(0.5)), "edge_http_p50_us")
 	for i, st := range steps {
-		slices.Sort(per[i])
 		b.ReportMetric(us(per[i].pct(0.5)), st.name+"_p50_us")
 	}
 }

@@ -2,6 +2,7 @@ package eval
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -90,9 +91,7 @@ func mainRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "brain-eval: %v\n", err)
 		return code
 	}
-	if *ollama == "" {
-		*ollama = os.Getenv("OLLAMA_HOST")
-	}
+	*ollama = cmp.Or(*ollama, os.Getenv("OLLAMA_HOST"))
 	if *ollama == "" {
 		return fail(ExitUsage, errors.New("no model server: give -ollama (or set OLLAMA_HOST)"))
 	}
@@ -269,9 +268,7 @@ func mainStore(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err := fs.Parse(args); err != nil {
 		return ExitUsage
 	}
-	if *adminURL == "" {
-		*adminURL = os.Getenv("BRAIN_ADMIN_URL")
-	}
+	*adminURL = cmp.Or(*adminURL, os.Getenv("BRAIN_ADMIN_URL"))
 	fail := func(code int, err error) int {
 		fmt.Fprintf(stderr, "brain-eval store: %v\n", err)
 		return code

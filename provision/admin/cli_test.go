@@ -115,4 +115,8 @@ func TestRedactPassword(t *testing.T) {
 			t.Errorf("password %q: printed %s, want %s", pw, got, want)
 		}
 	}
+	// Nothing to hide: the URL as it is.
+	if got := redactPassword("postgres://db:5432/brain_registry"); got != "postgres://db:5432/brain_registry" {
+		t.Errorf("a URL without a password: printed %s", got)
+	}
 }

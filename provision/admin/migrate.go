@@ -177,7 +177,7 @@ func (c *migrateCmd) Run(a *app) error {
 // password itself in a line that tells the operator to put theirs there).
 func redactPassword(rawURL string) string {
 	u, err := url.Parse(rawURL)
-	if err != nil || u.User == nil {
+	if err != nil {
 		return "(a URL that does not parse; not shown)"
 	}
 	if _, has := u.User.Password(); has {

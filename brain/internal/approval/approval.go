@@ -238,8 +238,8 @@ func (a *Approvals) List(ctx context.Context, t *registry.Tenant, req *wire.Appr
 	// Full content (drafts of up to 20,000 characters, edited ones twice)
 	// can make a page of 200 larger than a NATS message: such a page ends
 	// after the approvals that fit, and its cursor goes on from there.
-	for n := len(rep.Approvals); n > 1 && replySize(rep) > wire.MaxAPIReplyBytes; {
-		n = max(1, n*wire.MaxAPIReplyBytes/replySize(rep))
+	for size := replySize(rep); size > wire.MaxAPIReplyBytes && len(rep.Approvals) > 1; size = replySize(rep) {
+		n := max(1, len(rep.Approvals)*wire.MaxAPIReplyBytes/size)
 		rep.Approvals = rep.Approvals[:n]
 		rep.NextCursor = encodeCursor(page.Keys[n-1], status, query)
 	}
