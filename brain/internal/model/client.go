@@ -161,6 +161,10 @@ const (
 	OutcomeInvalidOutput Outcome = "invalid_output"
 )
 
+// maxAnswerBytes bounds an answer's content, however many chunks it comes
+// in: the longest line the Ollama client reads, so one object's bound.
+const maxAnswerBytes = 8 << 20
+
 // MaxCallTokens bounds each token count a server reports for one call.
 // No model served by Ollama has a context anywhere near ten million
 // tokens, so a larger count is a server's bug, not usage; it is clamped (and
@@ -448,6 +452,7 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 		telemetry.End(span, err)
 	}()
 	start := time.Now()
+	var answer strings.Builder
 	err = c.api.Chat(tctx, &api.ChatRequest{
 		Model:     req.Model,
 		Messages:  msgs,
@@ -459,10 +464,21 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 		// we never use; models without thinking accept false too.
 		Think: &think,
 	}, func(r api.ChatResponse) error {
+		// Real Ollama answers stream:false with one object. A proxy that
+		// streams anyway sends the answer in chunks, the last with done
+		// and the counts: the answer is their content joined, as a
+		// streaming client would read it, up to maxAnswerBytes.
+		if answer.Len()+len(r.Message.Content) > maxAnswerBytes {
+			return fmt.Errorf("the answer came in chunks of more than %d bytes in all", maxAnswerBytes)
+		}
+		answer.WriteString(r.Message.Content)
 		got = &r
 		return nil
 	})
 	call.Latency = time.Since(start)
+	if got != nil {
+		got.Message.Content = answer.String()
+	}
 	// The ollama client returns no error for a stream that ends without
 	// done:true (the server closed it, or our deadline cut it): the last
 	// chunk is not an answer. A deadline is classified as one below.

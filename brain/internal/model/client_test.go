@@ -612,3 +612,49 @@ func TestBreakerWindowHoldsTheMinCalls(t *testing.T) {
 		t.Errorf("the defaults: %v, logged %q", err, logs.String())
 	}
 }
+
+// A proxy that streams despite stream:false: the answer is its chunks'
+// content joined, with the last chunk's counts, as a streaming client
+// reads it; chunks adding up to more than an answer may be are refused.
+func TestChatJoinsAnAnswerStreamedDespiteStreamFalse(t *testing.T) {
+	t.Parallel()
+	chunk := func(content string, done bool) string {
+		b, _ := json.Marshal(map[string]any{"model": "m", "message": map[string]string{"role": "assistant", "content": content},
+			"done": done, "done_reason": map[bool]string{true: "stop"}[done], "prompt_eval_count": 11, "eval_count": 7})
+		return string(b) + "\n"
+	}
+	t.Run("Joined", func(t *testing.T) {
+		t.Parallel()
+		url := rawServer(t, func(w http.ResponseWriter, _ *http.Request) {
+			for _, c := range []string{chunk(`{"categ`, false), chunk(`ory":"quote`, false), chunk(`"}`, false), chunk("", true)} {
+				io.WriteString(w, c)
+				w.(http.Flusher).Flush()
+			}
+		})
+		resp, err := newClient(t, url, nil).Chat(context.Background(), chatReq)
+		if err != nil {
+			t.Fatalf("an answer in chunks: %v", err)
+		}
+		if resp.Content != `{"category":"quote"}` || len(resp.Calls) != 1 || resp.Calls[0].Outcome != OutcomeOK ||
+			resp.Calls[0].PromptTokens != 11 || resp.Calls[0].OutputTokens != 7 {
+			t.Fatalf("content %q, calls %+v", resp.Content, resp.Calls)
+		}
+	})
+	t.Run("TooLargeInAll", func(t *testing.T) {
+		t.Parallel()
+		piece := chunk(strings.Repeat("x", 1<<20), false)
+		url := rawServer(t, func(w http.ResponseWriter, r *http.Request) {
+			for i := 0; i < 2*maxAnswerBytes>>20; i++ {
+				if _, err := io.WriteString(w, piece); err != nil || r.Context().Err() != nil {
+					return
+				}
+			}
+			io.WriteString(w, chunk("", true))
+		})
+		resp, err := newClient(t, url, nil).Chat(context.Background(), chatReq)
+		var me *Error
+		if !errors.As(err, &me) || me.Kind != KindTransport {
+			t.Fatalf("%d MiB of chunks: %v (content of %d bytes), want a transport error", 2*maxAnswerBytes>>20, err, len(resp.Content))
+		}
+	})
+}
