@@ -99,6 +99,15 @@ func BenchmarkDecodeTurnSubmitRequest(b *testing.B) {
 	data := []byte(`{"work_item_id":"<CAF=quote.1234@mail.example>","turn":1,"email":{"from":"Jo Bloggs <jo@example.com>",` +
 		`"to":["office@trades.example"],"subject":"Quote for a new boiler","received_at":"2026-11-30T09:15:00Z","body":"` +
 		strings.Repeat("Hello, could you quote for replacing our boiler? ", 20) + `"}}`)
+	b.Run("DecodeAndValidate", func(b *testing.B) {
+		// What the edge and the brain run on every turn.
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := DecodeTurnSubmitRequest(data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	for _, impl := range []struct {
 		name string
 		fn   func([]byte, any) error

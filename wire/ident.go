@@ -15,6 +15,11 @@ import (
 // which stands for bytes that were not text. In an identifier any of them can
 // make one id look like another ("fdp.exe" shown as "exe.pdf").
 func invisible(r rune) bool {
+	if r < utf8.RuneSelf {
+		// No ASCII code point is in any of these classes
+		// (TestNoASCIIIsInvisible); identifiers and most text are ASCII.
+		return false
+	}
 	return unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) ||
 		unicode.Is(unicode.Variation_Selector, r) || unicode.Is(unicode.Zl, r) || unicode.Is(unicode.Zp, r) ||
 		r == utf8.RuneError

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -72,6 +73,18 @@ func TestDecodeAcceptsWhatIsText(t *testing.T) {
 		if _, err := DecodeTurnSubmitRequest([]byte(in)); err != nil {
 			t.Errorf("%s: %v", in, err)
 		}
+	}
+}
+
+// invisible's ASCII shortcut answers what the classes it tests would.
+func TestNoASCIIIsInvisible(t *testing.T) {
+	for r := rune(0); r < utf8.RuneSelf; r++ {
+		if unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector, unicode.Zl, unicode.Zp) {
+			t.Errorf("%U is in a class invisible tests, but invisible's ASCII shortcut says it is not", r)
+		}
+	}
+	if !invisible('\u202e') || !invisible('\u200b') || invisible('a') {
+		t.Error("invisible no longer tells a bidi override and a zero-width space from a letter")
 	}
 }
 
