@@ -466,7 +466,7 @@ func formFields(f catalogue.Form, values map[string]string) []fieldView {
 
 // approveWords are the approve button's label and what approving does.
 func approveWords(a wire.Approval, params map[string]string) (label, effect string) {
-	to := a.Recipient
+	to := marked(a.Recipient)
 	if to == "" {
 		to = "the sender"
 	}
@@ -480,7 +480,7 @@ func approveWords(a wire.Approval, params map[string]string) (label, effect stri
 			", exactly as it stands above, with any changes you made."
 	case catalogue.CreateJob:
 		return "Approve and create the job", "When you approve, a job is created in your job system with the details above and the reference " +
-			params["external_ref"] + ". If a job with that reference already exists, no second one is made."
+			marked(params["external_ref"]) + ". If a job with that reference already exists, no second one is made."
 	}
 	desc := ""
 	if act, ok := catalogue.Lookup(catalogue.Version(a.CatalogueVersion), catalogue.Name(a.Action)); ok {
@@ -503,9 +503,9 @@ func doneWords(a wire.Approval) *doneView {
 		text := "Your workflow now carries it out."
 		switch catalogue.Name(a.Action) {
 		case catalogue.DraftReply:
-			text = "Your workflow now e-mails the reply to " + a.Recipient + "."
+			text = "Your workflow now e-mails the reply to " + marked(a.Recipient) + "."
 			if a.ApprovalMode == "mailbox" {
-				text = "Your workflow now puts the draft in your mailbox, for someone to send to " + a.Recipient + "."
+				text = "Your workflow now puts the draft in your mailbox, for someone to send to " + marked(a.Recipient) + "."
 			}
 		case catalogue.CreateJob:
 			text = "Your workflow now creates the job in your job system."
@@ -560,10 +560,46 @@ func handleReviewApproval(d deps) http.Handler {
 }
 
 // maxDecideForm bounds the approve/edit/reject form. It posts every
-// parameter of the draft, percent-encoded: a character of 4 bytes takes 12,
-// so a body at the catalogue's 20,000 characters can take 240 KB (the
-// limit is 384 KiB).
-const maxDecideForm = 2 * wire.MaxAPIBytes
+// editable parameter of the draft as the page wrote it, percent-encoded,
+// each hidden character as its marker: a draft of the catalogue's longest
+// fields, every character hidden, must still come back (1.1 MB as
+// catalogue version 1 stands: a draft_reply's 20,320 characters at 53
+// bytes each), with room for the rest of the form.
+var maxDecideForm = decideFormLimit()
+
+func decideFormLimit() int {
+	// The most a character can take in the form: a marker, or a
+	// character of 4 bytes (12 percent-encoded), or a newline (CRLF).
+	perChar := 12
+	for r := range hiddenNames {
+		perChar = max(perChar, len(url.QueryEscape(marker(r))))
+	}
+	for _, r := range []rune{0x1F, 0x10FFFF} { // the longest unnamed markers
+		perChar = max(perChar, len(url.QueryEscape(marker(r))))
+	}
+	most := 0
+	for _, v := range catalogue.Versions() {
+		c, _ := catalogue.Get(v)
+		for _, a := range c.Actions {
+			f, ok := catalogue.FormOf(v, a.Name)
+			if !ok {
+				continue
+			}
+			chars := 0
+			for _, fd := range f.Fields {
+				if !fd.ReadOnly {
+					chars += max(fd.Param.MaxLength, 20)
+				}
+			}
+			most = max(most, chars)
+		}
+	}
+	return most*perChar + 64<<10
+}
+
+// lineBreaks are what a one-line field may not hold: CR, LF and the other
+// characters that end a line somewhere (VT, FF, NEL, U+2028, U+2029).
+const lineBreaks = "\r\n\v\f\u0085\u2028\u2029"
 
 // handleReviewDecide records a reviewer's decision: decision=approve with
 // the form's fields (unchanged: approve as proposed; changed: edit and
@@ -582,7 +618,7 @@ func handleReviewDecide(d deps) http.Handler {
 				"This form was not sent from the review page, so nothing was changed. Reload the approval and decide again.")
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxDecideForm)
+		r.Body = http.MaxBytesReader(w, r.Body, int64(maxDecideForm))
 		if err := r.ParseForm(); err != nil {
 			status, msg := http.StatusBadRequest, "The form could not be read."
 			var tooLarge *http.MaxBytesError
@@ -705,7 +741,11 @@ func editedParams(a wire.Approval, form url.Values) (json.RawMessage, string, ma
 		v := unmarked(normalizeNewlines(form.Get(name)))
 		switch fd.Param.Type {
 		case catalogue.TypeString:
-			if fd.Input == catalogue.InputLine && strings.ContainsAny(v, "\r\n") {
+			var was string
+			_ = json.Unmarshal(proposed[fd.Param.Name], &was)
+			// What the catalogue took as proposed may be approved as it is;
+			// a change may not break the line.
+			if fd.Input == catalogue.InputLine && v != was && strings.ContainsAny(v, lineBreaks) {
 				return nil, fd.Label + " must be one line.", map[string]string{name: "Use one line."}
 			}
 			if v == "" && !fd.Param.Required {
@@ -780,8 +820,10 @@ func crossSite(r *http.Request) string {
 		}
 	}
 	if origin != "" {
+		// An origin is a scheme, a host and a port, nothing else.
 		u, err := url.Parse(origin)
-		if err != nil || u.Host == "" || !strings.EqualFold(u.Host, r.Host) {
+		if err != nil || u.Host == "" || u.User != nil || u.Path != "" || u.RawQuery != "" || u.Fragment != "" ||
+			!strings.EqualFold(u.Host, r.Host) {
 			return "origin"
 		}
 	}

@@ -735,6 +735,11 @@ func TestReviewDecide(t *testing.T) {
 		{"NullOriginWithoutFetchMetadata", url.Values{"decision": {"approve"}, "csrf": {token}}, map[string]string{"Sec-Fetch-Site": "", "Origin": "null"}},
 		{"SameOriginForeignOrigin", url.Values{"decision": {"approve"}, "csrf": {token}},
 			map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "https://evil.example"}},
+		// No browser sends an Origin with more than scheme, host and port.
+		{"OriginWithUserinfo", url.Values{"decision": {"approve"}, "csrf": {token}},
+			map[string]string{"Sec-Fetch-Site": "", "Origin": "http://evil.example@" + strings.TrimPrefix(e.url, "http://")}},
+		{"OriginWithPath", url.Values{"decision": {"approve"}, "csrf": {token}},
+			map[string]string{"Sec-Fetch-Site": "", "Origin": e.url + "/review"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := b.do(t, http.MethodPost, "/review/approvals/"+id, tc.form, tc.header)
@@ -806,4 +811,155 @@ func TestLoadReviewers(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "EDGE_REVIEWERS_FILE") {
 		t.Errorf("Serve with a bad reviewers file: %v", err)
 	}
+}
+
+// draftEdge is a review edge whose fake brain answers approval.get for the
+// ids in drafts with a pending draft_reply changed by its function, and
+// everything else as answerAPI does.
+func draftEdge(t *testing.T, drafts map[string]func(*wire.Approval, *wire.Email)) (*testEdge, *fakeAPI) {
+	t.Helper()
+	n := startNATS(t, false)
+	fa := startFakeAPI(t, n, func(c apiCall) apiAnswer {
+		if f, ok := drafts[c.approvalID()]; ok && c.Method == subjects.APIApprovalGet {
+			a, e := sampleApproval(c.approvalID()), sampleEmail()
+			f(&a, e)
+			a.ProposedSHA256 = wire.ContentSHA256(a.Proposed)
+			return apiAnswer{Reply: wire.ApprovalGetReply{Approval: a, Email: e}}
+		}
+		return answerAPI(c)
+	})
+	return startEdge(t, n, func(c *Config) { c.ReviewersFile = writeReviewers(t) }), fa
+}
+
+func draft(subject, body string) json.RawMessage {
+	b, _ := json.Marshal(map[string]string{"subject": subject, "body": body, "tone": "friendly"})
+	return b
+}
+
+var (
+	bodyFieldRe    = regexp.MustCompile(`(?s)<textarea id="f-body" name="p.body"[^>]*>\n(.*?)</textarea>`)
+	subjectFieldRe = regexp.MustCompile(`<input type="text" id="f-subject" name="p.subject" value="([^"]*)"`)
+	approveTokenRe = regexp.MustCompile(`(?s)id="approve-form".*?name="csrf" value="([0-9a-f]{64})"`)
+)
+
+// unchangedForm is the approve form as a browser sends it when the
+// reviewer changes nothing: the fields as the page wrote them, newlines
+// as CRLF.
+func unchangedForm(t *testing.T, page string) url.Values {
+	t.Helper()
+	body, subject, token := bodyFieldRe.FindStringSubmatch(page), subjectFieldRe.FindStringSubmatch(page), approveTokenRe.FindStringSubmatch(page)
+	if body == nil || subject == nil || token == nil {
+		t.Fatalf("no approve form in the page:\n%.2000s", page)
+	}
+	crlf := strings.ReplaceAll(html.UnescapeString(body[1]), "\n", "\r\n")
+	return url.Values{"decision": {"approve"}, "csrf": {token[1]}, "p.subject": {html.UnescapeString(subject[1])},
+		"p.body": {crlf}, "p.tone": {"friendly"}}
+}
+
+// What the form shows is what it sends back: a draft approved unchanged
+// is approved as proposed, whatever it holds. Text shaped like a marker
+// stays text (it used to become the hidden character it named, recorded
+// as the reviewer's edit); a draft whose every character is hidden still
+// fits the form; characters that render as nothing are all marked.
+func TestReviewFormSendsBackWhatItShows(t *testing.T) {
+	t.Parallel()
+	const (
+		idLiteral = iota + 801
+		idControls
+		idAllHidden
+		idSmuggled
+		idNames
+		idLineBreak
+	)
+	smuggled := "OK\U000E0158\U000E0159\u17B4\u2800\u180B thanks ❤\uFE0F"
+	allHidden := strings.Repeat("\uFEFF", 20_000)
+	drafts := map[string]func(*wire.Approval, *wire.Email){
+		testUUID(idLiteral): func(a *wire.Approval, _ *wire.Email) {
+			a.Proposed = draft("Re: refund", "Your form: refund⟦U+202E see attached⟧fdp.exe\nand ⟦U+E0049⟧ thanks")
+		},
+		testUUID(idControls): func(a *wire.Approval, _ *wire.Email) {
+			a.Proposed = draft("Re: a⟦U+2028⟧Bcc: x@evil.example", "Hi\n.⟦U+000D⟧\nMAIL FROM:<x@evil.example>⟦U+001B⟧[2J")
+		},
+		testUUID(idAllHidden): func(a *wire.Approval, _ *wire.Email) {
+			a.Proposed = draft(strings.Repeat("\u180E", 300), allHidden)
+		},
+		testUUID(idSmuggled): func(a *wire.Approval, _ *wire.Email) { a.Proposed = draft("Re: x", smuggled) },
+		testUUID(idNames): func(a *wire.Approval, m *wire.Email) {
+			a.Sender, a.Recipient = "Mallory \u202Efdp.exe <m@evil.example>", "boss@\u202Emoc.elpmaxe"
+			m.From = a.Sender
+		},
+		testUUID(idLineBreak): func(a *wire.Approval, _ *wire.Email) { a.Proposed = draft("Re: a\u2028b", "Hello") },
+	}
+	e, fa := draftEdge(t, drafts)
+	b := e.signedIn(t)
+	page := func(t *testing.T, id int) string {
+		t.Helper()
+		r := b.get(t, "/review/approvals/"+testUUID(id))
+		next(t, fa.calls, "approval.get")
+		return string(r.body)
+	}
+	approveUnchanged := func(t *testing.T, id int) wire.ApprovalDecideRequest {
+		t.Helper()
+		f := unchangedForm(t, page(t, id))
+		r := b.do(t, http.MethodPost, "/review/approvals/"+testUUID(id), f, nil)
+		if r.status != http.StatusSeeOther {
+			t.Fatalf("the unchanged form (%d bytes, limit %d): status %d %.500s", len(f.Encode()), maxDecideForm, r.status, r.body)
+		}
+		next(t, fa.calls, "approval.get")
+		return next(t, fa.calls, "approval.decide").decide(t)
+	}
+
+	for _, tc := range []struct {
+		name string
+		id   int
+	}{{"LiteralMarkerStaysText", idLiteral}, {"LiteralControlMarkersStayText", idControls}, {"EveryCharacterHidden", idAllHidden}, {"Smuggled", idSmuggled}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if req := approveUnchanged(t, tc.id); req.Decision != wire.DecisionApprove || req.Edited != nil {
+				t.Errorf("an unchanged form reached the brain as %s %s, want approve as proposed", req.Decision, req.Edited)
+			}
+		})
+	}
+
+	t.Run("LiteralMarkerIsShownAsText", func(t *testing.T) {
+		p := html.UnescapeString(strings.NewReplacer(`<span class="hidden-char">`, "", "</span>", "").Replace(page(t, idLiteral)))
+		if !strings.Contains(p, "refund⟦U+27E6 bracket as written⟧U+202E see attached⟧fdp.exe") || !strings.Contains(p, "Hidden characters.") {
+			t.Errorf("the page does not show the draft's ⟦ as written in the form, with the notice:\n%.3000s", p)
+		}
+	})
+	t.Run("SmuggledCharactersAreMarked", func(t *testing.T) {
+		p := page(t, idSmuggled)
+		for _, r := range "\U000E0158\U000E0159\u17B4\u2800\u180B" {
+			if strings.ContainsRune(p, r) {
+				t.Errorf("the page holds %U as it is", r)
+			}
+		}
+		if !strings.Contains(p, "Hidden characters.") || !strings.Contains(p, "❤\uFE0F") {
+			t.Errorf("no notice, or an emoji's presentation selector marked:\n%.3000s", p)
+		}
+	})
+	t.Run("TitleAndEffectAreMarked", func(t *testing.T) {
+		p := page(t, idNames)
+		title := html.UnescapeString(regexp.MustCompile(`<title>[^<]*</title>`).FindString(p))
+		effect := html.UnescapeString(regexp.MustCompile(`<p class="effect" id="approve-effect">[^<]*`).FindString(p))
+		if strings.ContainsRune(title, 0x202E) || strings.ContainsRune(effect, 0x202E) || !strings.Contains(effect, "⟦U+202E") {
+			t.Errorf("title %+q, effect %+q: a raw U+202E, or no marker", title, effect)
+		}
+	})
+	t.Run("ANewLineBreakInALineIsRefused", func(t *testing.T) {
+		// As proposed it is approved (ApproveUnchanged's path); typed in
+		// as a marker it is a change, and a subject is one line.
+		if req := approveUnchanged(t, idLineBreak); req.Decision != wire.DecisionApprove {
+			t.Errorf("the proposed subject was not approved as it is: %s", req.Decision)
+		}
+		for _, lb := range []string{"⟦U+2028⟧", "⟦U+0085⟧", "⟦U+000B⟧"} {
+			f := unchangedForm(t, page(t, idLiteral))
+			f.Set("p.subject", "Re: refund"+lb+"Bcc: x@evil.example")
+			r := b.do(t, http.MethodPost, "/review/approvals/"+testUUID(idLiteral), f, nil)
+			next(t, fa.calls, "approval.get")
+			if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "must be one line") {
+				t.Errorf("a subject with %s: status %d", lb, r.status)
+			}
+			fa.none(t, "after a refused subject")
+		}
+	})
 }

@@ -15,53 +15,77 @@ import (
 // What the review page shows of text it did not write (e-mails, drafts,
 // ids): every character visible. A character that changes how the text
 // around it reads without showing itself (a right-to-left override making
-// "fdp.exe" read "exe.pdf", a zero-width space, a control character) is
-// replaced by a visible marker, ⟦U+202E right-to-left override⟧, in what
-// is displayed and in the form fields a reviewer edits. A marker left in an
-// edited field stands for its character again when the form comes back, so
-// an edit elsewhere neither drops nor hides it; deleting the marker deletes
-// the character.
+// "fdp.exe" read "exe.pdf", a zero-width space, a control character, a
+// variation selector carrying a hidden message) is replaced by a visible
+// marker, ⟦U+202E right-to-left override⟧, in what is displayed and in the
+// form fields a reviewer edits. A marker left in an edited field stands for
+// its character again when the form comes back, so an edit elsewhere
+// neither drops nor hides it; deleting the marker deletes the character.
+//
+// Text that merely looks like a marker must not become its character: every
+// ⟦ of the text itself is shown as a marker too (⟦U+27E6 bracket as
+// written⟧), so a form sent back unchanged is exactly the text it showed,
+// unmarked(marked(s)) == s for every s.
+
+// markerOpen opens every marker.
+const markerOpen = '⟦'
 
 // hiddenNames names the hidden characters a reviewer is most likely to meet.
 var hiddenNames = map[rune]string{
-	0x00AD: "soft hyphen",
-	0x061C: "Arabic letter mark",
-	0x180E: "Mongolian vowel separator",
-	0x200B: "zero-width space",
-	0x200C: "zero-width non-joiner",
-	0x200D: "zero-width joiner",
-	0x200E: "left-to-right mark",
-	0x200F: "right-to-left mark",
-	0x2028: "line separator",
-	0x2029: "paragraph separator",
-	0x202A: "left-to-right embedding",
-	0x202B: "right-to-left embedding",
-	0x202C: "pop directional formatting",
-	0x202D: "left-to-right override",
-	0x202E: "right-to-left override",
-	0x2060: "word joiner",
-	0x2066: "left-to-right isolate",
-	0x2067: "right-to-left isolate",
-	0x2068: "first strong isolate",
-	0x2069: "pop directional isolate",
-	0xFEFF: "zero-width no-break space",
+	0x00AD:     "soft hyphen",
+	0x061C:     "Arabic letter mark",
+	0x180E:     "Mongolian vowel separator",
+	0x200B:     "zero-width space",
+	0x200C:     "zero-width non-joiner",
+	0x200D:     "zero-width joiner",
+	0x200E:     "left-to-right mark",
+	0x200F:     "right-to-left mark",
+	0x2028:     "line separator",
+	0x2029:     "paragraph separator",
+	0x202A:     "left-to-right embedding",
+	0x202B:     "right-to-left embedding",
+	0x202C:     "pop directional formatting",
+	0x202D:     "left-to-right override",
+	0x202E:     "right-to-left override",
+	0x2060:     "word joiner",
+	0x2066:     "left-to-right isolate",
+	0x2067:     "right-to-left isolate",
+	0x2068:     "first strong isolate",
+	0x2069:     "pop directional isolate",
+	0x2800:     "braille blank",
+	0xFEFF:     "zero-width no-break space",
+	markerOpen: "bracket as written",
 }
 
 // isHidden reports whether r would not show itself: controls other than
 // newline and tab, format characters (bidi controls, zero-width
-// characters, tags), line and paragraph separators, and the blank fillers.
+// characters, tags), line and paragraph separators, variation selectors,
+// the other default-ignorable code points (fillers, the grapheme joiner,
+// Khmer's inherent vowels) and the braille blank.
 func isHidden(r rune) bool {
 	switch {
 	case r == '\n' || r == '\t':
 		return false
-	case unicode.IsControl(r), unicode.Is(unicode.Cf, r), unicode.Is(unicode.Zl, r), unicode.Is(unicode.Zp, r):
+	case r < utf8.RuneSelf:
+		return unicode.IsControl(r)
+	case r == 0x2800, unicode.IsControl(r):
 		return true
 	}
-	switch r {
-	case 0x034F, 0x115F, 0x1160, 0x3164, 0xFFA0, 0x180E:
+	return unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Variation_Selector, unicode.Other_Default_Ignorable_Code_Point)
+}
+
+// shownAsMarker reports whether r, after prev, is shown as a marker: a
+// hidden character or the text's own ⟦. An emoji's presentation selector
+// (U+FE0E, U+FE0F right after a symbol, as in ❤️) is shown as it is: it
+// only picks how the symbol is drawn, and one cannot carry a message.
+func shownAsMarker(prev, r rune) bool {
+	switch {
+	case r == markerOpen:
 		return true
+	case (r == 0xFE0E || r == 0xFE0F) && prev >= utf8.RuneSelf && unicode.IsSymbol(prev):
+		return false
 	}
-	return false
+	return isHidden(r)
 }
 
 // marker is the visible stand-in of a hidden character.
@@ -80,13 +104,14 @@ func marker(r rune) string {
 // markerRe matches a marker as marker writes it.
 var markerRe = regexp.MustCompile(`⟦U\+([0-9A-F]{4,6})(?: [^⟦⟧\n]{0,40})?⟧`)
 
-// hiddenCount is how many hidden characters s holds.
+// hiddenCount is how many characters of s are shown as markers.
 func hiddenCount(s string) int {
-	n := 0
+	n, prev := 0, rune(0)
 	for _, r := range s {
-		if isHidden(r) {
+		if shownAsMarker(prev, r) {
 			n++
 		}
+		prev = r
 	}
 	return n
 }
@@ -98,23 +123,25 @@ func marked(s string) string {
 		return s
 	}
 	var b strings.Builder
+	prev := rune(0)
 	for _, r := range s {
-		if isHidden(r) {
+		if shownAsMarker(prev, r) {
 			b.WriteString(marker(r))
 		} else {
 			b.WriteRune(r)
 		}
+		prev = r
 	}
 	return b.String()
 }
 
-// unmarked turns the markers of hidden characters in a submitted field back
-// into their characters.
+// unmarked turns the markers in a submitted field back into their
+// characters.
 func unmarked(s string) string {
 	return markerRe.ReplaceAllStringFunc(s, func(m string) string {
 		sub := markerRe.FindStringSubmatch(m)
 		n, err := strconv.ParseUint(sub[1], 16, 32)
-		if err != nil || !utf8.ValidRune(rune(n)) || !isHidden(rune(n)) {
+		if err != nil || !utf8.ValidRune(rune(n)) || (rune(n) != markerOpen && !isHidden(rune(n))) {
 			return m
 		}
 		return string(rune(n))
@@ -124,14 +151,16 @@ func unmarked(s string) string {
 // visible is s as HTML: escaped, each hidden character a marked-up marker.
 func visible(s string) template.HTML {
 	var b strings.Builder
+	prev := rune(0)
 	for _, r := range s {
-		if isHidden(r) {
+		if shownAsMarker(prev, r) {
 			b.WriteString(`<span class="hidden-char">`)
 			b.WriteString(template.HTMLEscapeString(marker(r)))
 			b.WriteString(`</span>`)
-			continue
+		} else {
+			b.WriteString(template.HTMLEscapeString(string(r)))
 		}
-		b.WriteString(template.HTMLEscapeString(string(r)))
+		prev = r
 	}
 	return template.HTML(b.String()) // every piece escaped above
 }

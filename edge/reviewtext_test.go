@@ -1,9 +1,11 @@
 package edge
 
 import (
+	"html/template"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 func TestHiddenCharactersAreVisible(t *testing.T) {
@@ -17,6 +19,21 @@ func TestHiddenCharactersAreVisible(t *testing.T) {
 		{"Escape", "a\x1bb", "a⟦U+001B control character⟧b"},
 		{"Tag", "x\U000E0041", "x⟦U+E0041 invisible character⟧"},
 		{"PlainTextKept", "Hi Jo,\n\tthanks — ok? مرحبا 你好", "Hi Jo,\n\tthanks — ok? مرحبا 你好"},
+		// Text shaped like a marker stays text: its ⟦ is marked.
+		{"LiteralMarker", "refund⟦U+202E see attached⟧fdp.exe", "refund⟦U+27E6 bracket as written⟧U+202E see attached⟧fdp.exe"},
+		{"LiteralControlMarker", ".⟦U+000D⟧", ".⟦U+27E6 bracket as written⟧U+000D⟧"},
+		// Variation selectors carry a message byte by byte ("hi"), and
+		// others render as nothing: all marked.
+		{"SmuggledInSelectors", "OK\U000E0158\U000E0159", "OK⟦U+E0158 invisible character⟧⟦U+E0159 invisible character⟧"},
+		{"Selector", "a\uFE0F", "a⟦U+FE0F invisible character⟧"},
+		{"KhmerInherentVowel", "x\u17B4", "x⟦U+17B4 invisible character⟧"},
+		{"MongolianSelector", "x\u180B", "x⟦U+180B invisible character⟧"},
+		{"BrailleBlank", "x\u2800y", "x⟦U+2800 braille blank⟧y"},
+		{"HangulFiller", "\u3164", "⟦U+3164 invisible character⟧"},
+		{"LatinOneControl", "a\u0085b", "a⟦U+0085 control character⟧b"},
+		// An emoji's presentation selector only picks how it is drawn.
+		{"EmojiPresentation", "thanks ❤\uFE0F ☺\uFE0E", "thanks ❤\uFE0F ☺\uFE0E"},
+		{"SecondSelectorAfterEmoji", "❤\uFE0F\uFE0F", "❤\uFE0F⟦U+FE0F invisible character⟧"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := marked(tc.in); got != tc.marked {
@@ -26,10 +43,11 @@ func TestHiddenCharactersAreVisible(t *testing.T) {
 				t.Errorf("unmarked(marked(%q)) = %q", tc.in, got)
 			}
 			html := string(visible(tc.in))
-			for _, r := range tc.in {
-				if isHidden(r) && strings.ContainsRune(html, r) {
-					t.Errorf("visible(%q) keeps the hidden %U: %s", tc.in, r, html)
-				}
+			if want := template.HTMLEscapeString(tc.marked); strings.ReplaceAll(strings.ReplaceAll(html, `<span class="hidden-char">`, ""), "</span>", "") != want {
+				t.Errorf("visible(%q) = %s, want the markers of %q", tc.in, html, tc.marked)
+			}
+			if want := strings.Count(tc.marked, "⟦"); hiddenCount(tc.in) != want {
+				t.Errorf("hiddenCount(%q) = %d, want %d (its markers)", tc.in, hiddenCount(tc.in), want)
 			}
 		})
 	}
@@ -43,6 +61,31 @@ func TestHiddenCharactersAreVisible(t *testing.T) {
 	if got := string(visible("a\u202Eb")); got != `a<span class="hidden-char">⟦U+202E right-to-left override⟧</span>b` {
 		t.Errorf("visible marks up: %s", got)
 	}
+}
+
+// What a form shows comes back as it was: unmarked(marked(s)) == s, so a
+// form sent back unchanged is an approval as proposed, and no text of the
+// draft (a marker typed as text) becomes a character the page never had.
+func FuzzMarkedRoundTrips(f *testing.F) {
+	for _, s := range []string{"", "plain", "a\u202Eb", "⟦U+202E x⟧", "⟦U+27E6 bracket as written⟧", "⟦⟦U+200B⟧⟧", "❤\uFE0F", "\r\n.\r\n", "\U000E0100"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return // form values and drafts are UTF-8 (the catalogue refuses anything else)
+		}
+		m := marked(s)
+		if got := unmarked(m); got != s {
+			t.Fatalf("unmarked(marked(%+q)) = %+q", s, got)
+		}
+		prev := rune(0)
+		for _, r := range m {
+			if r != markerOpen && shownAsMarker(prev, r) {
+				t.Fatalf("marked(%+q) = %+q keeps %U", s, m, r)
+			}
+			prev = r
+		}
+	})
 }
 
 func TestSplitPreview(t *testing.T) {
