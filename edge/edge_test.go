@@ -820,3 +820,34 @@ func mustDecode(t *testing.T, body []byte) *wire.TurnSubmitRequest {
 	must(t, err)
 	return req
 }
+
+// What RESULTS holds for a key, read directly or republished live, names
+// the subject it was stored under; a stored reply of another key, or a
+// message without it (a PubAck, an API answer sent to reply.<key> by a
+// forged request), is not that key's reply.
+func TestStoredUnder(t *testing.T) {
+	t.Parallel()
+	k1, k2 := subjects.TurnKey("<one@x>", 1), subjects.TurnKey("<two@x>", 1)
+	acc := "ABRAINTESTACCOUNTXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX"
+	msg := func(storedAs string) *nats.Msg {
+		m := nats.NewMsg(subjects.ReplyLocal(k1))
+		if storedAs != "" {
+			m.Header.Set(jetstream.SubjectHeader, storedAs)
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		storedAs string
+		want     bool
+	}{
+		{subjects.Reply(acc, k1), true},
+		{subjects.Reply(acc, k2), false},
+		{"", false},
+		{subjects.Live(acc, k1), false},
+		{subjects.Reply(acc, k1) + ".x", false},
+	} {
+		if got := storedUnder(msg(tc.storedAs), k1); got != tc.want {
+			t.Errorf("stored as %q: storedUnder = %v, want %v", tc.storedAs, got, tc.want)
+		}
+	}
+}

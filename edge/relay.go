@@ -104,6 +104,11 @@ func (r *relay) dispatch(m *nats.Msg) {
 		r.logger.Warn("live reply on a malformed subject", "error", err)
 		return
 	}
+	if !storedUnder(m, key) {
+		r.logger.Warn("a message on a live reply subject is not that turn's reply; dropped "+
+			"(a request whose reply subject was set to it: only this edge's own credentials can send one)", "turn_key", key)
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for ch := range r.waiters[key] {
@@ -678,12 +683,27 @@ func (r *relay) fetch(ctx context.Context, key string) (rep brainReply, found bo
 	default:
 		return brainReply{}, false, fmt.Errorf("request %s: status %s %s", subjects.ResultLocal(key), st, m.Header.Get("Description"))
 	}
+	if !storedUnder(m, key) {
+		// Not found either: the live reply or a later look answers.
+		return brainReply{}, false, fmt.Errorf("request %s: the answer is not that turn's stored reply (a forged response)", subjects.ResultLocal(key))
+	}
 	rep, err = parseReply(m)
 	if err != nil {
 		return brainReply{}, false, err
 	}
 	linkReply(ctx, m.Header)
 	return rep, true, nil
+}
+
+// storedUnder reports whether m is what RESULTS holds for key: the server
+// names the subject a republished or directly read message was stored
+// under in Nats-Subject, brain.reply.<account>.<key>. Anything else on
+// reply.<key>, or in answer to a read of it, was sent there by a request
+// whose reply subject was set to it (a direct get of another key's reply,
+// a PubAck, an API answer), which the server publishes for whoever asks.
+func storedUnder(m *nats.Msg, key string) bool {
+	_, stored, err := subjects.ParseReply(m.Header.Get(jetstream.SubjectHeader))
+	return err == nil && stored == key
 }
 
 // apiTimeout bounds one tenant API call to the brain.

@@ -338,6 +338,12 @@ func ParseAPI(subject string) (account, method string, err error) {
 	return parseAccountSubject(subject, apiPrefix, false)
 }
 
+// ParseReply splits brain.reply.<account>.<key>, the subject RESULTS
+// stores a reply under, into its account and key.
+func ParseReply(subject string) (account, key string, err error) {
+	return parseAccountSubject(subject, replyPrefix, true)
+}
+
 // ParseReplyLocal returns the key of a tenant-local reply.<key> subject.
 func ParseReplyLocal(subject string) (string, error) {
 	key, ok := strings.CutPrefix(subject, LocalReply)

@@ -450,6 +450,63 @@ func TestMissedReplyIsFetchedFromResults(t *testing.T) {
 	}
 }
 
+// A client holding the tenant's own edge credentials sends requests whose
+// reply subject is the tenant's reply.<key> (or the inbox of the edge's
+// read of a stored reply): the server answers there for whoever asks, so
+// another turn's stored reply, a PubAck or an API answer lands where the
+// edge waits. None is taken as the answer: the waiting turn still gets the
+// truth (202 while no brain answers), never another key's decision as an
+// idempotency_key_reused.
+func TestForgedLiveReplyIsNotTheAnswer(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("forged-live"))
+	stop := s.startBrain("r1", nil)
+	ea := s.startEdge(a, func(c *edge.Config) { c.TurnWait = 3 * time.Second })
+	first := quoteEmail("<first@customer.example>")
+	ea.submit(first).reply(t)
+	k1 := subjects.TurnKey(first.WorkItemID, first.Turn)
+	stop() // no brain: the next turn waits for its live reply
+
+	nc := s.tenantConn(a)
+	second := quoteEmail("<second@customer.example>")
+	k2 := subjects.TurnKey(second.WorkItemID, second.Turn)
+	done := make(chan response, 1)
+	go func() { done <- ea.submit(second) }()
+	eventually(t, 5*time.Second, "the second turn to be in the stream", func() bool {
+		st, err := s.stack.Streams.JS.Stream(context.Background(), subjects.TurnsStream(a.Account.Public))
+		if err != nil {
+			return false
+		}
+		info, err := st.Info(context.Background())
+		return err == nil && info.State.Msgs == 2 // the edge has published and waits
+	})
+	for _, forged := range []string{subjects.ResultLocal(k1), subjects.TurnLocal(k1), subjects.APILocal("approval.list")} {
+		if err := nc.PublishRequest(forged, subjects.ReplyLocal(k2), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.Status != http.StatusAccepted {
+		t.Fatalf("the waiting turn got %d %s, want 202: a forged message on reply.%s was taken as its answer", r.Status, r.Body, k2)
+	}
+	if !strings.Contains(s.logs.String(), "not that turn's reply; dropped") {
+		t.Error("no log line says a forged live reply was dropped")
+	}
+	s.startBrain("r2", nil)
+	var got response
+	eventually(t, 20*time.Second, "the second turn's decision", func() bool {
+		got = ea.submit(second)
+		return got.Status == http.StatusOK
+	})
+	if rep := got.reply(t); rep.WorkItemID != second.WorkItemID {
+		t.Fatalf("the second turn's decision names %s", rep.WorkItemID)
+	}
+}
+
 // 10. Runtime roles: A's role cannot connect to B's database, the brain's
 // registry role cannot write, no runtime role is superuser or owns tables.
 func TestRuntimeRolesAreConfined(t *testing.T) {
