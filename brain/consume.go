@@ -111,9 +111,11 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 		err = fmt.Errorf("token 3 is not an account public key")
 	}
 	if err != nil {
-		// Only the tenant's import publishes here, so this is a misconfiguration;
-		// there is no valid reply subject to answer on.
-		b.log.Error("turn on a malformed subject; terminated", "error", err, "stream_seq", md.Sequence.Stream)
+		// The tenant's edge never publishes such a subject, but anything
+		// holding the edge's credentials can (turn.> is its to publish on):
+		// the tenant's own doing, with no valid reply subject to answer on.
+		b.log.Warn("turn on a malformed subject, not one its edge publishes; terminated",
+			"account", q.account, "error", err, "stream_seq", md.Sequence.Stream)
 		_ = m.TermWithReason("malformed subject")
 		return
 	}
