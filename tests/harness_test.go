@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -46,6 +47,55 @@ type system struct {
 
 	mu  sync.Mutex
 	dbs map[string]*pgx.Conn
+	// secrets are what no log line may carry: every e-mail a test sent
+	// through an edge, tenants' database passwords, edge tokens and NATS
+	// seeds, the sealing key (by kind, for the failure message).
+	secrets map[string]string
+}
+
+// secret records text that no log line of the system may carry.
+func (s *system) secret(kind, text string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.secrets == nil {
+		s.secrets = map[string]string{}
+	}
+	if text != "" {
+		s.secrets[text] = kind
+	}
+}
+
+// secretsInLogs names each recorded secret that a log line carries, in
+// any form a JSON log writes it (never the secret itself).
+func (s *system) secretsInLogs() []string {
+	logs := s.logs.String()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var found []string
+	for text, kind := range s.secrets {
+		for _, v := range logForms(text) {
+			if strings.Contains(logs, v) {
+				found = append(found, fmt.Sprintf("%s (%d bytes; %d bytes of it matched)", kind, len(text), len(v)))
+				break
+			}
+		}
+	}
+	return found
+}
+
+// noteEmail records a submitted turn's e-mail as a secret.
+func (s *system) noteEmail(body any) {
+	var req *wire.TurnSubmitRequest
+	switch b := body.(type) {
+	case *wire.TurnSubmitRequest:
+		req = b
+	case wire.TurnSubmitRequest:
+		req = &b
+	}
+	if req != nil && req.Email != nil {
+		s.secret("e-mail subject", req.Email.Subject)
+		s.secret("e-mail body", req.Email.Body)
+	}
 }
 
 func newSystem(t testing.TB) *system { return newSystemWith(t, nil) }
@@ -74,7 +124,16 @@ func newSystemWith(t testing.TB, edit func(*devstack.Config)) *system {
 		t.Fatalf("start stack: %v", err)
 	}
 	s := &system{t: t, adminURL: adminURL, stack: st, logs: logs, streams: cfg.Streams}
+	s.secret("sealing key", hex.EncodeToString(st.SealingKey))
+	if u, err := url.Parse(adminURL); err == nil {
+		if pw, ok := u.User.Password(); ok {
+			s.secret("admin password", pw)
+		}
+	}
 	t.Cleanup(func() {
+		if found := s.secretsInLogs(); len(found) > 0 {
+			t.Errorf("the system's logs carry what they must not: %s", strings.Join(found, "; "))
+		}
 		if t.Failed() {
 			t.Logf("system logs:\n%s", logs)
 		}
@@ -124,6 +183,17 @@ func (s *system) tenant(sp provision.TenantSpec) *devstack.Tenant {
 	if err != nil {
 		s.t.Fatalf("add tenant %s: %v", sp.ID, err)
 	}
+	s.secret("edge token", tn.Token)
+	if tn.DB != nil {
+		s.secret("tenant database password", tn.DB.AppPassword)
+	}
+	if creds, err := os.ReadFile(tn.EdgeCreds); err == nil {
+		for _, line := range strings.Fields(string(creds)) {
+			if strings.HasPrefix(line, "SU") && len(line) == 58 {
+				s.secret("edge user's NATS seed", line)
+			}
+		}
+	}
 	return tn
 }
 
@@ -172,6 +242,7 @@ func (s *system) startBrain(replica string, mutate func(*brain.Config)) (stop fu
 // edgeClient talks to a running edge as n8n would.
 type edgeClient struct {
 	t     testing.TB
+	sys   *system // records what it submits, for the log check
 	base  string
 	token string
 	stop  func()
@@ -201,7 +272,7 @@ func (s *system) startEdge(tn *devstack.Tenant, mutate func(*edge.Config)) *edge
 		})
 	}
 	s.t.Cleanup(stop)
-	return &edgeClient{t: s.t, base: "http://" + ln.Addr().String(), token: tn.Token, stop: stop}
+	return &edgeClient{t: s.t, sys: s, base: "http://" + ln.Addr().String(), token: tn.Token, stop: stop}
 }
 
 type response struct {
@@ -236,6 +307,9 @@ func (r response) error(t *testing.T, status int) *wire.Error {
 
 func (c *edgeClient) do(method, path string, body any) response {
 	c.t.Helper()
+	if c.sys != nil {
+		c.sys.noteEmail(body)
+	}
 	var rd io.Reader
 	switch b := body.(type) {
 	case nil:

@@ -163,6 +163,9 @@ func labelled(t *testing.T, ops, sample string) int {
 // trySubmit is submit for goroutines: it returns transport errors instead
 // of failing the test from the wrong goroutine.
 func (c *edgeClient) trySubmit(req *wire.TurnSubmitRequest) (response, error) {
+	if c.sys != nil {
+		c.sys.noteEmail(req)
+	}
 	body, err := json.Marshal(req)
 	if err != nil {
 		return response{}, err
