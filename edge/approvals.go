@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 	"unicode"
 
@@ -202,7 +203,7 @@ func checkBy(by string) error {
 }
 
 func checkReason(reason string) error {
-	if reason == "" || len(reason) > maxReasonBytes {
+	if strings.TrimSpace(reason) == "" || len(reason) > maxReasonBytes {
 		return &wire.Error{Code: wire.CodeInvalid, Field: "reason",
 			Message: "reason is required for a rejection, at most " + strconv.Itoa(maxReasonBytes) + " bytes"}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -167,6 +168,9 @@ func (r *ApprovalDecideRequest) Validate() error {
 		return invalidField("by", "is required: who decided (at most 200 characters)")
 	case len(r.Reason) > 1000:
 		return invalidField("reason", "is longer than 1000 bytes")
+	case strings.ContainsRune(r.Reason, 0):
+		// Postgres cannot store U+0000 in text: refused here, not a 500.
+		return invalidField("reason", "contains the NUL character (U+0000)")
 	}
 	for _, id := range []struct{ field, v string }{{"approval_id", r.ApprovalID}, {"by", r.By}} {
 		if err := identifierError(id.field, id.v); err != nil {
@@ -183,7 +187,7 @@ func (r *ApprovalDecideRequest) Validate() error {
 			return invalidField("edited", "is required for decision edit: the full edited parameters")
 		}
 	case DecisionReject:
-		if r.Reason == "" {
+		if strings.TrimSpace(r.Reason) == "" {
 			return invalidField("reason", "is required for decision reject")
 		}
 	default:

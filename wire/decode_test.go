@@ -40,7 +40,15 @@ func TestDecodeTurnSubmitRequest(t *testing.T) {
 		{"ClosedManualNeedsHumanAction", `{"work_item_id":"w","turn":2,"latest_result":{"action":"send_reply","outcome":"closed_manual"}}`, "latest_result.human_action", false},
 		{"BadTime", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"b","received_at":"yesterday"}}`, "", false},
 		{"NULInBody", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"a\u0000b"}}`, "email.body", false},
-		{"NULInHumanText", `{"work_item_id":"w","turn":2,"latest_result":{"action":"x","outcome":"closed_manual","human_action":{"kind":"replied","text":"\u0000"}}}`, "latest_result.human_action", false},
+		{"NULInHumanText", `{"work_item_id":"w","turn":2,"latest_result":{"action":"x","outcome":"closed_manual","human_action":{"kind":"replied","text":"\u0000"}}}`, "latest_result.human_action.text", false},
+		{"NULInDetail", `{"work_item_id":"w","turn":2,"latest_result":{"action":"x","outcome":"failed","detail":"x\u0000"}}`, "latest_result.detail", false},
+		{"BlankWorkItem", `{"work_item_id":"   ","turn":1,"email":{"from":"a","subject":"s","body":"b"}}`, "work_item_id", false},
+		{"LongMessageID", `{"work_item_id":"w","turn":1,"email":{"message_id":"` + strings.Repeat("m", 513) + `","from":"a","subject":"s","body":"b"}}`, "email.message_id", false},
+		{"LongThreadID", `{"work_item_id":"w","turn":1,"email":{"thread_id":"` + strings.Repeat("t", 513) + `","from":"a","subject":"s","body":"b"}}`, "email.thread_id", false},
+		{"LongRecipient", `{"work_item_id":"w","turn":1,"email":{"from":"a","to":["a@b","` + strings.Repeat("x", 513) + `"],"subject":"s","body":"b"}}`, "email.to[1]", false},
+		{"LongCc", `{"work_item_id":"w","turn":1,"email":{"from":"a","cc":["` + strings.Repeat("x", 513) + `"],"subject":"s","body":"b"}}`, "email.cc[0]", false},
+		{"LongAction", `{"work_item_id":"w","turn":2,"latest_result":{"action":"` + strings.Repeat("a", 65) + `","outcome":"failed"}}`, "latest_result.action", false},
+		{"LongHumanKind", `{"work_item_id":"w","turn":2,"latest_result":{"action":"x","outcome":"closed_manual","human_action":{"kind":"` + strings.Repeat("k", 65) + `"}}}`, "latest_result.human_action.kind", false},
 		{"TooLarge", `{"work_item_id":"w","turn":1,"email":{"from":"a","subject":"s","body":"` + strings.Repeat("x", MaxTurnBytes) + `"}}`, "", false},
 	}
 	for _, tt := range tests {

@@ -18,6 +18,11 @@ const (
 	MaxBodyBytes       = 128 << 10
 	MaxSubjectBytes    = 2_000
 	MaxDetailBytes     = 8 << 10
+	// MaxAddressBytes bounds email.from and each of to and cc.
+	MaxAddressBytes = 512
+	// MaxNameBytes bounds latest_result.action and human_action.kind:
+	// names, not text.
+	MaxNameBytes = 64
 )
 
 // NATS headers the brain sets on a turn's reply.
@@ -225,8 +230,8 @@ func DecodeTurnSubmitRequest(data []byte) (*TurnSubmitRequest, error) {
 // Validate checks the rules a well-formed turn must follow.
 func (r *TurnSubmitRequest) Validate() error {
 	switch {
-	case r.WorkItemID == "":
-		return invalidField("work_item_id", "is required")
+	case strings.TrimSpace(r.WorkItemID) == "":
+		return invalidField("work_item_id", "is required (and not only spaces)")
 	case len(r.WorkItemID) > MaxWorkItemIDBytes:
 		return invalidField("work_item_id", fmt.Sprintf("is longer than %d bytes", MaxWorkItemIDBytes))
 	case r.Turn < 1 || r.Turn > MaxTurn:
@@ -250,14 +255,28 @@ func (r *TurnSubmitRequest) Validate() error {
 		switch {
 		case strings.TrimSpace(e.From) == "":
 			return invalidField("email.from", "is required")
-		case len(e.From) > 512:
-			return invalidField("email.from", "is not a plausible address")
+		case len(e.From) > MaxAddressBytes:
+			return invalidField("email.from", fmt.Sprintf("is not a plausible address (longer than %d bytes)", MaxAddressBytes))
+		case len(e.MessageID) > MaxWorkItemIDBytes:
+			return invalidField("email.message_id", fmt.Sprintf("is longer than %d bytes", MaxWorkItemIDBytes))
+		case len(e.ThreadID) > MaxWorkItemIDBytes:
+			return invalidField("email.thread_id", fmt.Sprintf("is longer than %d bytes", MaxWorkItemIDBytes))
 		case len(e.Subject) > MaxSubjectBytes:
 			return invalidField("email.subject", fmt.Sprintf("is longer than %d bytes", MaxSubjectBytes))
 		case len(e.Body) > MaxBodyBytes:
 			return invalidField("email.body", fmt.Sprintf("is longer than %d bytes", MaxBodyBytes))
 		case len(e.To)+len(e.Cc) > 200:
 			return invalidField("email.to", "has more than 200 recipients with cc")
+		}
+		for _, list := range []struct {
+			field string
+			addrs []string
+		}{{"email.to", e.To}, {"email.cc", e.Cc}} {
+			for i, a := range list.addrs {
+				if len(a) > MaxAddressBytes {
+					return invalidField(fmt.Sprintf("%s[%d]", list.field, i), fmt.Sprintf("is not a plausible address (longer than %d bytes)", MaxAddressBytes))
+				}
+			}
 		}
 	}
 	if lr := r.LatestResult; lr != nil {
@@ -269,12 +288,18 @@ func (r *TurnSubmitRequest) Validate() error {
 		switch {
 		case lr.Action == "":
 			return invalidField("latest_result.action", "is required: the action whose outcome this is")
+		case len(lr.Action) > MaxNameBytes:
+			return invalidField("latest_result.action", fmt.Sprintf("is longer than %d bytes: it names a catalogue action", MaxNameBytes))
 		case len(lr.Detail) > MaxDetailBytes:
 			return invalidField("latest_result.detail", fmt.Sprintf("is longer than %d bytes", MaxDetailBytes))
 		case lr.Outcome == OutcomeClosedManual && lr.HumanAction == nil:
 			return invalidField("latest_result.human_action", "is required with outcome closed_manual")
 		case lr.HumanAction != nil && lr.HumanAction.Kind == "":
 			return invalidField("latest_result.human_action.kind", "is required")
+		case lr.HumanAction != nil && len(lr.HumanAction.Kind) > MaxNameBytes:
+			return invalidField("latest_result.human_action.kind", fmt.Sprintf("is longer than %d bytes", MaxNameBytes))
+		case lr.HumanAction != nil && len(lr.HumanAction.Text) > MaxBodyBytes:
+			return invalidField("latest_result.human_action.text", fmt.Sprintf("is longer than %d bytes", MaxBodyBytes))
 		}
 	}
 	return nil
@@ -332,18 +357,27 @@ func nulField(r *TurnSubmitRequest) string {
 				return f.name
 			}
 		}
-		for _, v := range append(append([]string{}, e.To...), e.Cc...) {
+		for i, v := range e.To {
 			if has(v) {
-				return "email.to"
+				return fmt.Sprintf("email.to[%d]", i)
+			}
+		}
+		for i, v := range e.Cc {
+			if has(v) {
+				return fmt.Sprintf("email.cc[%d]", i)
 			}
 		}
 	}
 	if lr := r.LatestResult; lr != nil {
-		if has(lr.Action) || has(lr.Detail) {
-			return "latest_result"
+		fields := []struct{ name, v string }{{"latest_result.action", lr.Action}, {"latest_result.detail", lr.Detail}}
+		if h := lr.HumanAction; h != nil {
+			fields = append(fields, struct{ name, v string }{"latest_result.human_action.kind", h.Kind},
+				struct{ name, v string }{"latest_result.human_action.text", h.Text})
 		}
-		if h := lr.HumanAction; h != nil && (has(h.Kind) || has(h.Text)) {
-			return "latest_result.human_action"
+		for _, f := range fields {
+			if has(f.v) {
+				return f.name
+			}
 		}
 	}
 	return ""
