@@ -851,3 +851,27 @@ func TestStoredUnder(t *testing.T) {
 		}
 	}
 }
+
+// Two identical submissions in flight: the second finds the turn already
+// published (a duplicate PubAck) and gets the decision from the live
+// reply. The first caused the decision; the second is a retry and says
+// replayed, as a retry after the decision does (it said replayed:false).
+func TestDuplicateInFlightIsAReplay(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, true)
+	fb := startFakeBrain(t, n, func(turnMsg) *fakeAnswer { return nil }) // held until replied below
+	e := startEdge(t, n, nil)
+	body := turnBody("wi-dup-in-flight", "twice")
+	key, _ := keyOf(t, body)
+	first, second := make(chan response, 1), make(chan response, 1)
+	go func() { first <- e.submit(t, body) }()
+	tm := next(t, fb.received, "the turn")
+	go func() { second <- e.submit(t, body) }()
+	e.logs.waitFor(t, `"no stored reply yet"`) // the second request looked, and waits
+	fb.reply(key, tm.Seq, tm.FP, decide(tm))
+	r1, r2 := next(t, first, "the first answer"), next(t, second, "the second answer")
+	if r1.reply(t).Replayed || !r2.reply(t).Replayed || fb.seenCount(key) != 1 {
+		t.Errorf("first replayed=%v, second replayed=%v, the brain saw the turn %d times: want false, true, once",
+			r1.reply(t).Replayed, r2.reply(t).Replayed, fb.seenCount(key))
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -151,6 +152,9 @@ type submission struct {
 	// turn was already there. A stored decision of ownSeq answers this very
 	// request and is not a replay.
 	ownSeq uint64
+	// published are all the sequences this request's publishes created
+	// (its first and any re-drive): a decision of one of them answers it.
+	published []uint64
 	// minSeq: an error reply for a turn message before it is stale, because
 	// a newer message for the key (ours or a concurrent re-drive) is in flight.
 	minSeq   uint64
@@ -186,6 +190,7 @@ func (r *relay) Submit(ctx context.Context, key string, payload []byte, fp strin
 	}()
 	if res.kind == publishAccepted {
 		s.ownSeq, s.minSeq = res.seq, res.seq
+		s.published = append(s.published, res.seq)
 		return r.await(ctx, s, ch)
 	}
 	// Already accepted: by an earlier try, a concurrent one, or another
@@ -228,7 +233,7 @@ func (r *relay) look(ctx context.Context, s *submission) (out turnOutcome, done 
 		r.logger.Debug("no stored reply yet", "turn_key", s.key)
 		return turnOutcome{}, false, nil
 	case stored.status == wire.StatusOK:
-		out, err = r.decided(s, stored, true)
+		out, err = r.decided(s, stored)
 		return out, true, err
 	case stored.turnSeq < s.minSeq:
 		// A stale error: a newer message for the key is in flight.
@@ -276,7 +281,7 @@ func (r *relay) await(ctx context.Context, s *submission, ch chan *nats.Msg) (tu
 			case err != nil:
 				r.logger.Error("malformed live reply", "turn_key", s.key, "error", err)
 			case rep.status == wire.StatusOK:
-				return r.decided(s, rep, false)
+				return r.decided(s, rep)
 			case rep.turnSeq < s.minSeq:
 				// Stale: it answers a message older than the one in flight.
 			case rep.fingerprint == s.fp:
@@ -320,16 +325,19 @@ func errKeyReused() error {
 
 // decided turns a decision into the outcome of s: the decision when it
 // answers s's payload, idempotency_key_reused when it answers another. A
-// decision is a replay unless it answers the message s published, or it was
-// stored while its requester got a 202 and this is its first delivery.
-func (r *relay) decided(s *submission, rep brainReply, stored bool) (turnOutcome, error) {
+// decision is a replay, live or stored, unless it answers a message s
+// published, or its requester got a 202 and this is its first delivery.
+func (r *relay) decided(s *submission, rep brainReply) (turnOutcome, error) {
 	if rep.fingerprint != s.fp {
 		return turnOutcome{}, errKeyReused()
 	}
 	first := r.firstDelivery(s.key, s.fp)
-	if !stored || (s.ownSeq != 0 && rep.turnSeq == s.ownSeq) {
+	if slices.Contains(s.published, rep.turnSeq) {
 		return turnOutcome{Body: rep.body}, nil
 	}
+	// Another request's message was decided (this one was a retry that
+	// found it in flight or stored): a replay, live or read back, unless
+	// its requester got a 202 and this is the decision's first delivery.
 	body, err := wire.SetReplayed(rep.body, !first)
 	if err != nil {
 		return turnOutcome{}, internal(err, "the stored decision is unreadable")
@@ -382,6 +390,7 @@ func (r *relay) redrive(ctx context.Context, s *submission, seq uint64) error {
 	switch res.kind {
 	case publishAccepted:
 		s.ownSeq, s.minSeq = res.seq, res.seq
+		s.published = append(s.published, res.seq)
 	case publishDuplicate:
 		s.minSeq = max(s.minSeq, res.seq)
 	case publishWrongLast:

@@ -294,6 +294,16 @@ func TestConcurrentIdenticalSubmissions(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	// One caller's publish made the decision; the others are retries of it.
+	fresh := 0
+	for _, r := range replies {
+		if !r.Replayed {
+			fresh++
+		}
+	}
+	if fresh != 1 {
+		t.Errorf("%d callers were told replayed:false, want the one whose publish the brain decided", fresh)
+	}
 	want := replies[0]
 	want.Replayed = false
 	for i, r := range replies {
