@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
@@ -49,6 +50,13 @@ func handleApprovalList(d deps) http.Handler {
 			fail(r.Context(), w, err)
 			return
 		}
+		// An empty parameter is one left out: what a form or n8n sends for
+		// a field with no value (the first page has no cursor).
+		for k, v := range q {
+			if v == "" {
+				delete(q, k)
+			}
+		}
 		req := wire.ApprovalListRequest{Status: wire.ApprovalStatusPending, Limit: defaultListLimit}
 		if v, ok := q["status"]; ok {
 			req.Status = wire.ApprovalStatus(v)
@@ -68,15 +76,15 @@ func handleApprovalList(d deps) http.Handler {
 			req.Limit = n
 		}
 		if v, ok := q["q"]; ok {
-			if len(v) > wire.MaxApprovalQueryBytes || hasControl(v) {
+			if len(v) > wire.MaxApprovalQueryBytes || hasControl(v) || !utf8.ValidString(v) {
 				fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Field: "q",
-					Message: "q must be text of at most " + strconv.Itoa(wire.MaxApprovalQueryBytes) + " bytes"})
+					Message: "q must be UTF-8 text without control characters, of at most " + strconv.Itoa(wire.MaxApprovalQueryBytes) + " bytes"})
 				return
 			}
 			req.Query = v
 		}
 		if v, ok := q["cursor"]; ok {
-			if v == "" || len(v) > maxCursorBytes {
+			if len(v) > maxCursorBytes {
 				fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Field: "cursor",
 					Message: "cursor must be the next_cursor of the previous page"})
 				return
@@ -258,11 +266,7 @@ func approvalID(w http.ResponseWriter, r *http.Request) (string, bool) {
 // readJSONBody reads a JSON request body within wire.MaxAPIBytes; it
 // answers the error itself when it returns false.
 func readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	if !isJSON(r.Header.Get("Content-Type")) {
-		failStatus(r.Context(), w, http.StatusUnsupportedMediaType, &wire.Error{
-			Code: wire.CodeInvalid, Field: "Content-Type",
-			Message: "the body must be JSON: send Content-Type: application/json",
-		})
+	if refuseBodyType(w, r) {
 		return nil, false
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, wire.MaxAPIBytes))

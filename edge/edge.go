@@ -121,6 +121,8 @@ const (
 
 	minTokenBytes = 16
 	drainTimeout  = 5 * time.Second
+	// readTimeout bounds reading a whole request, its body included.
+	readTimeout = 30 * time.Second
 )
 
 func (c Config) withDefaults() Config {
@@ -399,11 +401,13 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config, logger *slog.Logger
 			tracer:    tracer,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      cfg.TurnWait + 15*time.Second,
-		IdleTimeout:       60 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		ReadTimeout:       readTimeout,
+		// Counted from the end of the headers, so it holds the whole
+		// read too: a body that took its 30s still gets its answer.
+		WriteTimeout:   readTimeout + cfg.TurnWait + 15*time.Second,
+		IdleTimeout:    60 * time.Second,
+		MaxHeaderBytes: 16 << 10,
+		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

@@ -1,10 +1,12 @@
 package edge
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -873,5 +875,85 @@ func TestDuplicateInFlightIsAReplay(t *testing.T) {
 	if r1.reply(t).Replayed || !r2.reply(t).Replayed || fb.seenCount(key) != 1 {
 		t.Errorf("first replayed=%v, second replayed=%v, the brain saw the turn %d times: want false, true, once",
 			r1.reply(t).Replayed, r2.reply(t).Replayed, fb.seenCount(key))
+	}
+}
+
+// What a sloppy or hostile client gets: a typed answer naming what to fix,
+// and a turn within its fields' limits is taken however it spells them.
+func TestRequestsTheEdgeRefusesOrTakes(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, true)
+	fb := startFakeBrain(t, n, decide)
+	e := startEdge(t, n, nil)
+
+	t.Run("LineSeparatorsWithinTheLimits", func(t *testing.T) {
+		// 130,894 bytes whose fields are within their limits; U+2028 was
+		// published as \u2028, twice its size, and refused 413.
+		body := []byte(`{"work_item_id":"wi-2028","turn":1,"email":{"from":"a@b.example","subject":"` +
+			strings.Repeat("\u2028", 600) + `","body":"` + strings.Repeat("\u2028", 43000) + `"}}`)
+		if r := e.submit(t, body); r.status != http.StatusOK {
+			t.Fatalf("status %d %s", r.status, r.body)
+		}
+		next(t, fb.received, "the turn")
+	})
+	t.Run("CompressedBody", func(t *testing.T) {
+		r := e.do(t, http.MethodPost, "/v1/turns", turnBody("wi-gzip", "x"), map[string]string{"Content-Encoding": "gzip"})
+		if we := r.wireError(t); r.status != http.StatusUnsupportedMediaType || we.Field != "Content-Encoding" {
+			t.Errorf("Content-Encoding gzip: %d %+v, want 415 naming Content-Encoding", r.status, we)
+		}
+	})
+	t.Run("WrongToken", func(t *testing.T) {
+		r := e.do(t, http.MethodGet, "/v1/approvals", nil, map[string]string{"Authorization": "Bearer not-the-token-of-this-edge"})
+		if we := r.wireError(t); r.status != http.StatusUnauthorized || !strings.Contains(we.Message, "not this edge's token") {
+			t.Errorf("a wrong token: %d %+v, want 401 saying the token is not this edge's", r.status, we)
+		}
+	})
+	t.Run("TwoAuthorizationHeaders", func(t *testing.T) {
+		for _, second := range []string{"Bearer " + testToken, "Bearer wrong"} {
+			req, err := http.NewRequest(http.MethodGet, e.url+"/v1/approvals", nil)
+			must(t, err)
+			req.Header.Add("Authorization", "Bearer "+testToken)
+			req.Header.Add("Authorization", second)
+			res, err := http.DefaultClient.Do(req)
+			must(t, err)
+			res.Body.Close()
+			if res.StatusCode != http.StatusUnauthorized {
+				t.Errorf("two Authorization headers (the second %q): %d, want 401", second, res.StatusCode)
+			}
+		}
+	})
+}
+
+// A turn whose body arrives slowly, as long as the read allows less a
+// margin, is still answered: the write deadline, counted from the end of
+// the headers, used to end before a body that took TurnWait+15s.
+func TestSlowBodyStillGetsItsAnswer(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, true)
+	fb := startFakeBrain(t, n, decide)
+	e := startEdge(t, n, func(c *Config) { c.TurnWait = time.Second }) // the old write deadline: 16s
+	body := turnBody("wi-slow-body", "slow")
+	key, _ := keyOf(t, body)
+	c, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	must(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "POST /v1/turns HTTP/1.1\r\nHost: edge\r\nAuthorization: Bearer "+testToken+
+		"\r\nContent-Type: application/json\r\n"+fmt.Sprintf("Content-Length: %d\r\n\r\n", len(body)))
+	must(t, err)
+	const steps = 17 // a second each
+	per := len(body)/steps + 1
+	for i := 0; i < len(body); i += per {
+		_, err := c.Write(body[i:min(i+per, len(body))])
+		must(t, err)
+		time.Sleep(time.Second)
+	}
+	must(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a body sent over %ds got no answer (%v); the brain saw the turn %d times", steps, err, fb.seenCount(key))
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || fb.seenCount(key) != 1 {
+		t.Errorf("status %d, the brain saw the turn %d times", res.StatusCode, fb.seenCount(key))
 	}
 }

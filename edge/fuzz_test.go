@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"n8nbrain/subjects"
 	"n8nbrain/wire"
@@ -167,6 +168,40 @@ func FuzzApprovalDecideDecode(f *testing.F) {
 		}
 		if decodeErr == nil {
 			t.Fatalf("status %d (%s) for a body the decoder accepts", rec.Code, er.Error.Message)
+		}
+	})
+}
+
+// The payload the edge publishes decodes, strictly, to the turn it was
+// made from, with its fingerprint, and is no longer than a compact form of
+// it: U+2028 and U+2029 are written as they are, every other escape kept
+// (a text that spells "\u2028" with a backslash stays that text).
+func FuzzEncodeTurnRoundTrips(f *testing.F) {
+	for _, s := range []string{"plain", "a\u2028b\u2029c", `\u2028`, `\\u2028`, "\\\u2028", `"\u2028"`, "\u2028\\", "<&>\n\t\x01"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		req := &wire.TurnSubmitRequest{WorkItemID: "w", Turn: 1, Email: &wire.Email{From: "a@b.example", Subject: text, Body: text + "\u2028" + text}}
+		if !utf8.ValidString(text) || strings.ContainsRune(text, 0) {
+			return // the decoder refuses these before anything is encoded
+		}
+		payload, err := encodeTurn(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(payload, []byte(`\u2028`)) && !bytes.Contains([]byte(text), []byte(`\u2028`)) {
+			t.Fatalf("the payload escapes U+2028: %q", payload)
+		}
+		got, err := wire.DecodeTurnSubmitRequest(payload)
+		if err != nil {
+			t.Fatalf("the published payload does not decode: %v (%q)", err, payload)
+		}
+		if got.Email.Subject != text || got.Email.Body != req.Email.Body || wire.Fingerprint(got) != wire.Fingerprint(req) {
+			t.Fatalf("round trip changed the turn: %+q → %+q", text, got.Email.Subject)
+		}
+		compact, _ := json.Marshal(req)
+		if len(payload) > len(compact) {
+			t.Fatalf("the payload (%d bytes) is longer than json.Marshal's (%d)", len(payload), len(compact))
 		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
@@ -146,11 +147,7 @@ func (p *headerProbe) WriteHeader(status int)      { p.status = status }
 // its error, or 202 with the URL to fetch the decision later.
 func handleTurnSubmit(d deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !isJSON(r.Header.Get("Content-Type")) {
-			failStatus(r.Context(), w, http.StatusUnsupportedMediaType, &wire.Error{
-				Code: wire.CodeInvalid, Field: "Content-Type",
-				Message: "the body must be JSON: send Content-Type: application/json",
-			})
+		if refuseBodyType(w, r) {
 			return
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, wire.MaxTurnBytes))
@@ -178,7 +175,8 @@ func handleTurnSubmit(d deps) http.Handler {
 		}
 		if len(payload) > maxPublishedTurn {
 			fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Reason: wire.ReasonTooLarge,
-				Message: fmt.Sprintf("the turn is %d bytes once encoded; with its headers a turn must fit in %d bytes", len(payload), wire.MaxTurnBytes)})
+				Message: fmt.Sprintf("the turn is %d bytes once encoded for the brain, over the %d a turn may have "+
+					"(the %d-byte limit less room for its headers)", len(payload), maxPublishedTurn, wire.MaxTurnBytes)})
 			return
 		}
 		w.Header().Set("X-Turn-Key", key)
@@ -208,7 +206,10 @@ const maxPublishedTurn = wire.MaxTurnBytes - 1<<10
 
 // encodeTurn is the canonical payload the edge publishes: compact JSON, with
 // '<', '>' and '&' as they are (e-mail ids and bodies are full of them; the
-// escapes would make a turn up to six times larger).
+// escapes would make a turn up to six times larger), and U+2028 and U+2029
+// too: the encoder escapes them for JavaScript whatever it is told, which
+// doubled a turn full of them past the limit its fields were within. So
+// the payload is never longer than a compact form of what n8n sent.
 func encodeTurn(req *wire.TurnSubmitRequest) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -216,7 +217,31 @@ func encodeTurn(req *wire.TurnSubmitRequest) ([]byte, error) {
 	if err := enc.Encode(req); err != nil {
 		return nil, err
 	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+	return rawSeparators(bytes.TrimSuffix(buf.Bytes(), []byte("\n"))), nil
+}
+
+// rawSeparators writes the escapes \u2028 and \u2029 of encoded JSON as the
+// characters themselves; every other escape is kept as it is.
+func rawSeparators(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\u202`)) {
+		return b
+	}
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			out = append(out, b[i])
+			continue
+		}
+		if i+5 < len(b) && b[i+1] == 'u' && string(b[i+2:i+5]) == "202" && (b[i+5] == '8' || b[i+5] == '9') {
+			out = utf8.AppendRune(out, 0x2028+rune(b[i+5]-'8'))
+			i += 5
+			continue
+		}
+		// \\, \", \n, … or the start of another \uXXXX, whose digits follow.
+		out = append(out, b[i], b[i+1])
+		i++
+	}
+	return out
 }
 
 // writePending answers 202. The result URL carries the payload's
@@ -252,8 +277,12 @@ func handleTurnGet(d deps) http.Handler {
 		}
 		fp := q["fingerprint"]
 		if !validFingerprint(fp) {
+			what := "fingerprint is required"
+			if fp != "" {
+				what = "fingerprint is not one"
+			}
 			fail(r.Context(), w, &wire.Error{Code: wire.CodeInvalid, Field: "fingerprint",
-				Message: "fingerprint is required: the 64 lowercase hex characters in the result_url of the 202, " +
+				Message: what + ": send the 64 lowercase hex characters in the result_url of the 202, " +
 					"which bind the stored decision to the payload that was submitted"})
 			return
 		}
@@ -351,15 +380,46 @@ func requireToken(d deps, next http.Handler) http.Handler {
 	// length of what was presented.
 	want := sha256.Sum256([]byte(d.token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-		got := sha256.Sum256([]byte(strings.TrimSpace(token)))
-		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+		headers := r.Header.Values("Authorization")
+		if len(headers) != 1 {
+			fail(r.Context(), w, &wire.Error{Code: wire.CodeUnauthorized,
+				Message: "send one Authorization header with the edge's token: Authorization: Bearer <token>"})
+			return
+		}
+		scheme, token, ok := strings.Cut(headers[0], " ")
+		token = strings.TrimSpace(token)
+		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
 			fail(r.Context(), w, &wire.Error{Code: wire.CodeUnauthorized,
 				Message: "send the edge's token as Authorization: Bearer <token>"})
 			return
 		}
+		if got := sha256.Sum256([]byte(token)); subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			fail(r.Context(), w, &wire.Error{Code: wire.CodeUnauthorized,
+				Message: "the bearer token is not this edge's token (EDGE_TOKEN): check n8n's Header Auth credential"})
+			return
+		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// refuseBodyType answers 415 unless the body is JSON as sent (UTF-8, no
+// Content-Encoding), and reports whether it answered.
+func refuseBodyType(w http.ResponseWriter, r *http.Request) bool {
+	if !isJSON(r.Header.Get("Content-Type")) {
+		failStatus(r.Context(), w, http.StatusUnsupportedMediaType, &wire.Error{
+			Code: wire.CodeInvalid, Field: "Content-Type",
+			Message: "the body must be JSON: send Content-Type: application/json",
+		})
+		return true
+	}
+	if ce := r.Header.Values("Content-Encoding"); len(ce) > 0 && (len(ce) > 1 || !strings.EqualFold(strings.TrimSpace(ce[0]), "identity")) {
+		failStatus(r.Context(), w, http.StatusUnsupportedMediaType, &wire.Error{
+			Code: wire.CodeInvalid, Field: "Content-Encoding",
+			Message: "the body must be sent as it is: compressed bodies (Content-Encoding) are not accepted",
+		})
+		return true
+	}
+	return false
 }
 
 // isJSON reports whether a Content-Type is JSON; a charset, if any, must be UTF-8.
