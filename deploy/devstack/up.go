@@ -160,7 +160,7 @@ func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error
 The development stack is up.
   NATS        %s (operator mode; creds in %s)
   Postgres    %s (admin URL in %s)
-  brain       %d replicas; metrics at http://%s/metrics
+  brain       %d replicas; metrics of replica dev-1 at http://%s/metrics
   edge        http://%s for tenant %s
 
 Review page (approve, edit or reject drafts): http://%s/review  user dev, password %s
@@ -168,9 +168,10 @@ Events go to EDGE_WEBHOOK_URL when set (with EDGE_WEBHOOK_SECRET); otherwise the
 Edge settings from the environment: EDGE_TURN_WAIT=%s EDGE_PUBLISH_TIMEOUT=%s EDGE_WEBHOOK_TIMEOUT=%s.
 
 n8n (README, "n8n"): credentials %s and settings %s are written;
-import them with the shipped workflows:
+import them with the shipped workflows (add imap when N8NBRAIN_IMAP_*/N8NBRAIN_SMTP_* name a
+mailbox: this stack runs no mail server, README "n8n"):
 
-  deploy/n8n/import.sh %s imap webhook
+  deploy/n8n/import.sh %s webhook
 
 then run n8n with N8N_CUSTOM_EXTENSIONS="$PWD/deploy/n8n/nodes" (the Send Reply node, which
 threads the approved reply), and start this stack with EDGE_WEBHOOK_URL=http://127.0.0.1:5678/webhook/brain-events.

@@ -38,7 +38,7 @@ func TestUpStopsThePostgresItStarted(t *testing.T) {
 			t.Errorf("the stack does not say Ctrl-C stops its Postgres:\n%s", printed)
 		}
 		// The README's import command for make dev: both variants.
-		if !strings.Contains(printed, "deploy/n8n/import.sh "+filepath.Join(o.Dir, "n8n")+" imap webhook\n") {
+		if !strings.Contains(printed, "deploy/n8n/import.sh "+filepath.Join(o.Dir, "n8n")+" webhook\n") {
 			t.Errorf("the stack does not print the README's n8n import command:\n%s", printed)
 		}
 		if connects(t, pgCfg) {
