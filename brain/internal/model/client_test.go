@@ -651,7 +651,9 @@ func TestChatJoinsAnAnswerStreamedDespiteStreamFalse(t *testing.T) {
 			}
 			io.WriteString(w, chunk("", true))
 		})
-		resp, err := newClient(t, url, nil).Chat(context.Background(), chatReq)
+		// Time enough to read them under the race detector.
+		c := newClient(t, url, func(c *Config) { c.Timeout = time.Minute })
+		resp, err := c.Chat(context.Background(), chatReq)
 		var me *Error
 		if !errors.As(err, &me) || me.Kind != KindTransport {
 			t.Fatalf("%d MiB of chunks: %v (content of %d bytes), want a transport error", 2*maxAnswerBytes>>20, err, len(resp.Content))
