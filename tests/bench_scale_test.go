@@ -60,14 +60,32 @@ func startBrainProcess(b *testing.B, s *system, replica string, extraEnv ...stri
 	return startBrainBinary(b, s, buildBrain(b), replica, extraEnv...)
 }
 
-// buildBrain builds the brain binary (before anything is timed).
-func buildBrain(b *testing.B) string {
-	b.Helper()
-	bin := filepath.Join(b.TempDir(), "brain")
-	if out, err := exec.Command("go", "build", "-o", bin, "../brain/cmd/brain").CombinedOutput(); err != nil {
-		b.Fatalf("build the brain: %v\n%s", err, out)
+// buildBinary builds one of the system's commands (before anything is
+// timed), e.g. "../brain/cmd/brain".
+func buildBinary(tb testing.TB, pkg string) string {
+	tb.Helper()
+	bin := filepath.Join(tb.TempDir(), filepath.Base(pkg))
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		tb.Fatalf("build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
+}
+
+// buildBrain builds the brain binary (before anything is timed).
+func buildBrain(b *testing.B) string { return buildBinary(b, "../brain/cmd/brain") }
+
+// brainEnv is the environment of a brain binary running as replica of s,
+// its ops endpoints on opsAddr.
+func brainEnv(tb testing.TB, s *system, replica, opsAddr string) []string {
+	tb.Helper()
+	cfg := s.stack.BrainConfig(replica)
+	keyFile := filepath.Join(tb.TempDir(), "key")
+	if err := os.WriteFile(keyFile, []byte(fmt.Sprintf("%x", cfg.SealingKey)), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return append(os.Environ(), "BRAIN_NATS_URL="+cfg.NATSURL, "BRAIN_NATS_CREDS="+cfg.CredsFile,
+		"BRAIN_REGISTRY_URL="+cfg.RegistryURL, "BRAIN_SEALING_KEY_FILE="+keyFile, "BRAIN_REPLICA="+replica,
+		"BRAIN_OPS_ADDR="+opsAddr, "BRAIN_LOG_LEVEL=warn", "BRAIN_DB_SSLMODE="+cfg.DBSSLMode)
 }
 
 // startBrainBinary runs the brain binary bin as a replica of s.
@@ -79,16 +97,8 @@ func startBrainBinary(b *testing.B, s *system, bin, replica string, extraEnv ...
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	cfg := s.stack.BrainConfig(replica)
-	keyFile := filepath.Join(b.TempDir(), "key")
-	if err := os.WriteFile(keyFile, []byte(fmt.Sprintf("%x", cfg.SealingKey)), 0o600); err != nil {
-		b.Fatal(err)
-	}
 	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "BRAIN_NATS_URL="+cfg.NATSURL, "BRAIN_NATS_CREDS="+cfg.CredsFile,
-		"BRAIN_REGISTRY_URL="+cfg.RegistryURL, "BRAIN_SEALING_KEY_FILE="+keyFile, "BRAIN_REPLICA="+replica,
-		"BRAIN_OPS_ADDR="+addr, "BRAIN_LOG_LEVEL=warn", "BRAIN_DB_SSLMODE="+cfg.DBSSLMode)
-	cmd.Env = append(cmd.Env, extraEnv...)
+	cmd.Env = append(brainEnv(b, s, replica, addr), extraEnv...)
 	logf, err := os.Create(filepath.Join(b.TempDir(), "brain.log"))
 	if err != nil {
 		b.Fatal(err)
