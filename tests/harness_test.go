@@ -104,7 +104,13 @@ func newSystem(t testing.TB) *system { return newSystemWith(t, nil) }
 // cluster, say).
 func newSystemWith(t testing.TB, edit func(*devstack.Config)) *system {
 	t.Helper()
-	adminURL := testdb.AdminURL(t)
+	return newSystemAt(t, testdb.AdminURL(t), edit)
+}
+
+// newSystemAt is newSystemWith on the Postgres cluster adminURL names (a
+// private cluster of the test's own) instead of the suite's shared one.
+func newSystemAt(t testing.TB, adminURL string, edit func(*devstack.Config)) *system {
+	t.Helper()
 	prefix := "x" + randomHex(4) + "_"
 	logs := &logSink{}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

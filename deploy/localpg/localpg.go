@@ -750,3 +750,21 @@ func samePath(a, b string) bool {
 	rb, err2 := filepath.EvalSymlinks(b)
 	return err1 == nil && err2 == nil && ra == rb
 }
+
+// Crash stops the cluster as a crash would (pg_ctl's immediate mode: no
+// checkpoint, every process quits at once, and the next start replays the
+// WAL). For tests of what survives a database crash; Ensure starts the
+// cluster again.
+func (i *Instance) Crash(ctx context.Context) error {
+	if out, err := i.srv.run(ctx, "pg_ctl", "-D", i.srv.data(), "-m", "immediate", "-w", "-t", "60", "stop"); err != nil {
+		return fmt.Errorf("localpg: pg_ctl stop -m immediate: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// PostmasterPID is the pid postmaster.pid names (0 when there is none), for
+// tests that kill the server outright.
+func (i *Instance) PostmasterPID() int {
+	pid, _ := readPidFile(filepath.Join(i.srv.data(), "postmaster.pid"))
+	return pid
+}

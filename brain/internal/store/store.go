@@ -12,7 +12,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"strings"
 	"time"
 
@@ -66,12 +68,20 @@ func PlanChanged(err error) bool {
 // Transient reports whether err is the tenant database being unreachable
 // or briefly unable to serve (restarting, shutting down, out of
 // connections, a lost connection, a timeout, a serialization failure or a
-// deadlock, a changed plan): the same call may succeed later.
+// deadlock, a changed plan): the same call may succeed later. A connection
+// lost after a statement was sent counts too (the server crashed or was
+// restarted under it): whether the statement took effect is unknown, and
+// every caller's retry is safe (a turn is guarded by its decision's key,
+// an approval decided already says so, an acknowledgement is idempotent).
 func Transient(err error) bool {
 	if err == nil {
 		return false
 	}
 	if PlanChanged(err) || errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	var netErr net.Error
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.As(err, &netErr) {
 		return true
 	}
 	var pe *pgconn.PgError

@@ -6,8 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -463,6 +466,10 @@ func TestTransient(t *testing.T) {
 		{"the call's deadline", late, true},
 		{"a deadlock", deadlock, true},
 		{"an administrator shutdown", shutdown, true},
+		// A server that crashed under a statement, as pgx reports it
+		// (TestPostgresCrashLosesNothing meets both for real).
+		{"the connection ended mid-answer", fmt.Errorf("list approvals: %w", io.ErrUnexpectedEOF), true},
+		{"the connection was reset", fmt.Errorf("mark events delivered: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), true},
 		{"no error", nil, false},
 	} {
 		if c.err == nil && c.want {
