@@ -957,3 +957,23 @@ func TestSlowBodyStillGetsItsAnswer(t *testing.T) {
 		t.Errorf("status %d, the brain saw the turn %d times", res.StatusCode, fb.seenCount(key))
 	}
 }
+
+// With the NATS server gone, a turn that could not be sent says that the
+// edge lost NATS, not that the brain did not take it.
+func TestTurnWithoutNATSSaysSo(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, true)
+	e := startEdge(t, n, func(c *Config) { c.PublishTimeout = 500 * time.Millisecond })
+	deadline := time.Now().Add(10 * time.Second)
+	for e.do(t, http.MethodGet, "/readyz", nil, map[string]string{"Authorization": ""}).status != http.StatusOK {
+		if time.Now().After(deadline) {
+			t.Fatal("the edge never connected to NATS")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n.srv.Stop()
+	r := e.submit(t, turnBody("wi-no-nats", "hello"))
+	if we := r.wireError(t); r.status != http.StatusServiceUnavailable || !strings.Contains(we.Message, "lost its NATS connection") {
+		t.Errorf("status %d %+v, want 503 saying the edge lost NATS", r.status, we)
+	}
+}

@@ -548,6 +548,9 @@ func (r *relay) publish(ctx context.Context, key string, payload []byte, id stri
 				"or NATS is restarting; retry later with the same turn"}, cause: last}
 	case errors.As(last, &apiErr) && apiErr.Code != 503:
 		return publishResult{}, unavailable(last, "the brain's turn stream refused the turn (%s); retry later with the same turn", apiErr.Description)
+	case transient(last) && !r.nc.IsConnected():
+		return publishResult{}, unavailable(last, "the edge has lost its NATS connection (it reconnects by itself): "+
+			"the turn was not sent within %s; retry with the same turn", r.publishTimeout)
 	case transient(last):
 		return publishResult{}, unavailable(last, "the brain did not accept the turn within %s; retry with the same turn", r.publishTimeout)
 	}

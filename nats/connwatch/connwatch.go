@@ -26,8 +26,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
@@ -101,6 +103,13 @@ func (w *Watch) Options() []nats.Option {
 			subject := ""
 			if sub != nil {
 				subject = sub.Subject
+			}
+			var netErr net.Error
+			if sub == nil && (errors.As(err, &netErr) || errors.Is(err, io.EOF)) {
+				// The server went away (a restart): the disconnect is logged
+				// too, and the client reconnects by itself.
+				w.log.Warn("nats connection lost", "error", err)
+				return
 			}
 			w.log.Error("nats async error", "subject", subject, "error", err)
 		}),

@@ -143,7 +143,9 @@ func (c *Cluster) PutAccount(pub, token string) error {
 	return nil
 }
 
-// Kill stops node i at once, as a crash would (its store stays).
+// Kill stops node i at once (its store stays). It is the server's Shutdown,
+// what nats-server does on SIGTERM: the node's file stores flush and write
+// their state first, so it is not a crash; none can be had in-process.
 func (c *Cluster) Kill(i int) {
 	c.mu.Lock()
 	srv := c.nodes[i]
