@@ -244,7 +244,7 @@ func BenchmarkTurnCPU(b *testing.B) {
 }
 
 // freeAddr is a loopback address nothing listens on yet.
-func freeAddr(b *testing.B) string {
+func freeAddr(b testing.TB) string {
 	b.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -87,51 +87,56 @@ func (p *process) kill9() {
 	p.cmd = nil
 }
 
+// eventHook is n8n's events webhook for the crash tests: it takes every
+// event and counts it by id (events, under mu).
+type eventHook struct {
+	addr   string
+	mu     sync.Mutex
+	events map[string]int
+}
+
+func startEventHook(t *testing.T) *eventHook {
+	t.Helper()
+	h := &eventHook{events: map[string]int{}}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var ev wire.Event
+		if err := json.NewDecoder(r.Body).Decode(&ev); err != nil {
+			http.Error(w, "not an event", http.StatusBadRequest)
+			return
+		}
+		h.mu.Lock()
+		h.events[ev.EventID]++
+		h.mu.Unlock()
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.addr = ln.Addr().String()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return h
+}
+
 func TestKillNineLosesNothing(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
 	tn := s.tenant(spec("chaos"))
 	brainBin, edgeBin := buildBinary(t, "../brain/cmd/brain"), buildBinary(t, "../edge/cmd/edge")
 
-	// n8n's events webhook: it takes every event and notes its id.
-	var hookMu sync.Mutex
-	events := map[string]int{}
-	hook := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var ev wire.Event
-		if err := json.NewDecoder(r.Body).Decode(&ev); err != nil {
-			http.Error(w, "not an event", http.StatusBadRequest)
-			return
-		}
-		hookMu.Lock()
-		events[ev.EventID]++
-		hookMu.Unlock()
-	})}
-	hookLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = hook.Serve(hookLn) }()
-	t.Cleanup(func() { _ = hook.Close() })
+	hook := startEventHook(t)
 
-	free := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().String()
-	}
 	var procs []*process
 	for _, r := range []string{"chaos-1", "chaos-2"} {
 		// Events no edge acknowledged are published again within seconds.
-		env := append(brainEnv(t, s, r, free()), "BRAIN_EVENT_RETRY_BASE=200ms", "BRAIN_EVENT_RETRY_MAX=2s")
+		env := append(brainEnv(t, s, r, freeAddr(t)), "BRAIN_EVENT_RETRY_BASE=200ms", "BRAIN_EVENT_RETRY_MAX=2s")
 		procs = append(procs, newProcess(t, r, brainBin, env))
 	}
 	ecfg := s.stack.EdgeConfig(tn)
-	edgeAddr := free()
+	edgeAddr := freeAddr(t)
 	procs = append(procs, newProcess(t, "edge", edgeBin, append(os.Environ(), "EDGE_NATS_URL="+ecfg.NATSURL,
 		"EDGE_NATS_CREDS="+ecfg.CredsFile, "EDGE_TOKEN="+ecfg.Token, "EDGE_ADDR="+edgeAddr, "EDGE_TENANT_ID=chaos",
-		"EDGE_LOG_LEVEL=warn", "EDGE_TURN_WAIT=3s", "EDGE_WEBHOOK_URL=http://"+hookLn.Addr().String()+"/webhook/brain-events",
+		"EDGE_LOG_LEVEL=warn", "EDGE_TURN_WAIT=3s", "EDGE_WEBHOOK_URL=http://"+hook.addr+"/webhook/brain-events",
 		"EDGE_WEBHOOK_SECRET=chaos-webhook-secret-0123456789")))
 
 	// Callers, for 40 seconds, each submitting its own work items one after
@@ -258,15 +263,15 @@ func TestKillNineLosesNothing(t *testing.T) {
 		ids = append(ids, id)
 	}
 	rows.Close()
-	hookMu.Lock()
-	defer hookMu.Unlock()
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
 	for _, id := range ids {
-		if events[id] == 0 {
+		if hook.events[id] == 0 {
 			t.Errorf("event %s is marked delivered but never reached the webhook", id)
 		}
 	}
 	if kills < 10 {
 		t.Errorf("only %d kills during the load: the test did not test much", kills)
 	}
-	t.Logf("%d turns (%d answers, %d HTTP attempts), %d kills, %d events delivered to the webhook", len(got), n, attempts.Load(), kills, len(events))
+	t.Logf("%d turns (%d answers, %d HTTP attempts), %d kills, %d events delivered to the webhook", len(got), n, attempts.Load(), kills, len(hook.events))
 }

@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -52,34 +51,8 @@ func TestNATSRestartLosesNothing(t *testing.T) {
 	js0 := jetStreamState(t, s.stack.NATS.Node(0))
 	t.Logf("JetStream store %s: %d streams, %d consumers", js0.dir, len(js0.lastSeq), js0.consumers)
 
-	// n8n's events webhook: it takes every event and notes its id.
-	var hookMu sync.Mutex
-	events := map[string]int{}
-	hook := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var ev wire.Event
-		if err := json.NewDecoder(r.Body).Decode(&ev); err != nil {
-			http.Error(w, "not an event", http.StatusBadRequest)
-			return
-		}
-		hookMu.Lock()
-		events[ev.EventID]++
-		hookMu.Unlock()
-	})}
-	hookLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = hook.Serve(hookLn) }()
-	t.Cleanup(func() { _ = hook.Close() })
+	hook := startEventHook(t)
 
-	free := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().String()
-	}
 	natsURL := s.stack.NATS.ClientURL()
 	type watched struct {
 		p       *process
@@ -90,7 +63,7 @@ func TestNATSRestartLosesNothing(t *testing.T) {
 	}
 	var procs []*watched
 	for _, r := range []string{"restart-1", "restart-2"} {
-		ops := free()
+		ops := freeAddr(t)
 		env := append(brainEnv(t, s, r, ops), "BRAIN_EVENT_RETRY_BASE=200ms", "BRAIN_EVENT_RETRY_MAX=2s")
 		procs = append(procs, &watched{p: newProcess(t, "brain-"+r, brainBin, env), ops: "http://" + ops,
 			metric: "brain_nats_reconnects_total", readyz: "http://" + ops + "/readyz"})
@@ -99,11 +72,11 @@ func TestNATSRestartLosesNothing(t *testing.T) {
 	if ecfg.NATSURL != natsURL {
 		t.Fatalf("edge NATS URL %s, brains' %s", ecfg.NATSURL, natsURL)
 	}
-	edgeAddr, edgeMetrics := free(), free()
+	edgeAddr, edgeMetrics := freeAddr(t), freeAddr(t)
 	procs = append(procs, &watched{p: newProcess(t, "edge", edgeBin, append(os.Environ(), "EDGE_NATS_URL="+ecfg.NATSURL,
 		"EDGE_NATS_CREDS="+ecfg.CredsFile, "EDGE_TOKEN="+ecfg.Token, "EDGE_ADDR="+edgeAddr, "EDGE_METRICS_ADDR="+edgeMetrics,
 		"EDGE_TENANT_ID=natsrestart", "EDGE_LOG_LEVEL=warn", "EDGE_TURN_WAIT=3s",
-		"EDGE_WEBHOOK_URL=http://"+hookLn.Addr().String()+"/webhook/brain-events",
+		"EDGE_WEBHOOK_URL=http://"+hook.addr+"/webhook/brain-events",
 		"EDGE_WEBHOOK_SECRET=natsrestart-webhook-secret-0123456789")),
 		ops: "http://" + edgeMetrics, metric: "edge_nats_reconnects_total", readyz: "http://" + edgeAddr + "/readyz"})
 
@@ -354,15 +327,15 @@ func TestNATSRestartLosesNothing(t *testing.T) {
 		ids = append(ids, id)
 	}
 	rows.Close()
-	hookMu.Lock()
-	delivered, redelivered := len(events), 0
+	hook.mu.Lock()
+	delivered, redelivered := len(hook.events), 0
 	for _, id := range ids {
-		if events[id] == 0 {
+		if hook.events[id] == 0 {
 			t.Errorf("event %s is marked delivered but never reached the webhook", id)
 		}
-		redelivered += max(events[id]-1, 0)
+		redelivered += max(hook.events[id]-1, 0)
 	}
-	hookMu.Unlock()
+	hook.mu.Unlock()
 	if len(ids) != items {
 		t.Errorf("%d outbox events for %d approvals", len(ids), items)
 	}

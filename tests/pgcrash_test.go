@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -46,47 +45,21 @@ func TestPostgresCrashLosesNothing(t *testing.T) {
 	tn := s.tenant(spec("pgcrash"))
 	brainBin, edgeBin := buildBinary(t, "../brain/cmd/brain"), buildBinary(t, "../edge/cmd/edge")
 
-	// n8n's events webhook: it takes every event and notes its id.
-	var hookMu sync.Mutex
-	events := map[string]int{}
-	hook := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var ev wire.Event
-		if err := json.NewDecoder(r.Body).Decode(&ev); err != nil {
-			http.Error(w, "not an event", http.StatusBadRequest)
-			return
-		}
-		hookMu.Lock()
-		events[ev.EventID]++
-		hookMu.Unlock()
-	})}
-	hookLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = hook.Serve(hookLn) }()
-	t.Cleanup(func() { _ = hook.Close() })
+	hook := startEventHook(t)
 
-	free := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().String()
-	}
 	var opsURLs []string
 	var procs []*process
 	for _, r := range []string{"pgcrash-1", "pgcrash-2"} {
-		ops := free()
+		ops := freeAddr(t)
 		opsURLs = append(opsURLs, "http://"+ops)
 		env := append(brainEnv(t, s, r, ops), "BRAIN_EVENT_RETRY_BASE=200ms", "BRAIN_EVENT_RETRY_MAX=2s")
 		procs = append(procs, newProcess(t, r, brainBin, env))
 	}
 	ecfg := s.stack.EdgeConfig(tn)
-	edgeAddr := free()
+	edgeAddr := freeAddr(t)
 	procs = append(procs, newProcess(t, "edge", edgeBin, append(os.Environ(), "EDGE_NATS_URL="+ecfg.NATSURL,
 		"EDGE_NATS_CREDS="+ecfg.CredsFile, "EDGE_TOKEN="+ecfg.Token, "EDGE_ADDR="+edgeAddr, "EDGE_TENANT_ID=pgcrash",
-		"EDGE_LOG_LEVEL=warn", "EDGE_TURN_WAIT=3s", "EDGE_WEBHOOK_URL=http://"+hookLn.Addr().String()+"/webhook/brain-events",
+		"EDGE_LOG_LEVEL=warn", "EDGE_TURN_WAIT=3s", "EDGE_WEBHOOK_URL=http://"+hook.addr+"/webhook/brain-events",
 		"EDGE_WEBHOOK_SECRET=pgcrash-webhook-secret-0123456789")))
 
 	// Every replica serves before the chaos begins (a replica that cannot
@@ -409,14 +382,14 @@ func TestPostgresCrashLosesNothing(t *testing.T) {
 		ids = append(ids, id)
 	}
 	rows.Close()
-	hookMu.Lock()
+	hook.mu.Lock()
 	for _, id := range ids {
-		if events[id] == 0 {
+		if hook.events[id] == 0 {
 			t.Errorf("event %s is marked delivered but never reached the webhook", id)
 		}
 	}
-	nEvents := len(events)
-	hookMu.Unlock()
+	nEvents := len(hook.events)
+	hook.mu.Unlock()
 
 	// Both replicas are still serving (neither gave up on the database, nor
 	// took a crash for a tenant whose role is refused): each says ready.
