@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"bytes"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +14,7 @@ import (
 	"sync"
 	"time"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -52,7 +55,10 @@ func (e *DecodeError) Error() string {
 // decoder refuses (a time that is not RFC 3339), trailing data after the
 // document, invalid UTF-8 and lone UTF-16 surrogate escapes ("\ud800"), which
 // encoding/json would silently turn into U+FFFD. Every rejection is a
-// *DecodeError.
+// *DecodeError, and v may then be partly filled.
+//
+// What it accepts, it stores as encoding/json would, in the same pass over
+// the bytes (FuzzScannerMatchesTheTokenWalk compares the two).
 //
 // v must be a pointer to a struct whose fields carry json tags.
 func Decode(data []byte, v any) error {
@@ -70,20 +76,12 @@ func decode(data []byte, v any) error {
 		panic("wire.Decode: v must be a non-nil pointer")
 	}
 	s := scanner{data: data}
-	if err := s.value(rv.Type().Elem(), nil); err != nil {
+	if err := s.value(rv.Elem(), rv.Type().Elem(), nil); err != nil {
 		return err
 	}
 	s.space()
 	if s.pos < len(s.data) {
 		return &DecodeError{Problem: "unexpected data after the JSON document"}
-	}
-	// The scan proved the shape; the standard decoder fills the value.
-	if err := json.Unmarshal(data, v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return &DecodeError{Field: te.Field, Problem: "expected " + te.Type.String()}
-		}
-		return &DecodeError{Problem: "the document does not decode"}
 	}
 	return nil
 }
@@ -92,15 +90,26 @@ func decode(data []byte, v any) error {
 const maxDepth = 10000
 
 var (
-	rawMessageType  = reflect.TypeFor[json.RawMessage]()
-	unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
-	timeType        = reflect.TypeFor[time.Time]()
+	rawMessageType      = reflect.TypeFor[json.RawMessage]()
+	unmarshalerType     = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+	timeType            = reflect.TypeFor[time.Time]()
 )
 
 // typeInfo is what the scanner needs of a Go type, worked out once.
 type typeInfo struct {
-	unmarshaler bool                    // *T decodes itself (time.Time, …)
-	fields      map[string]reflect.Type // a struct's fields by exact json name
+	unmarshaler bool // *T decodes itself (time.Time, …)
+	// standard: the value is checked by the scanner and filled by
+	// encoding/json, whose rules for it the scanner does not repeat: a type
+	// that decodes itself from text (encoding.TextUnmarshaler), a map keyed
+	// by one.
+	standard bool
+	fields   map[string]fieldInfo // a struct's fields by exact json name
+}
+
+type fieldInfo struct {
+	typ   reflect.Type
+	index int
 }
 
 var typeInfos sync.Map // reflect.Type → *typeInfo
@@ -109,9 +118,14 @@ func infoOf(t reflect.Type) *typeInfo {
 	if ti, ok := typeInfos.Load(t); ok {
 		return ti.(*typeInfo)
 	}
-	ti := &typeInfo{unmarshaler: reflect.PointerTo(t).Implements(unmarshalerType)}
-	if t.Kind() == reflect.Struct {
-		ti.fields = map[string]reflect.Type{}
+	pt := reflect.PointerTo(t)
+	ti := &typeInfo{unmarshaler: pt.Implements(unmarshalerType)}
+	ti.standard = !ti.unmarshaler && pt.Implements(textUnmarshalerType)
+	switch t.Kind() {
+	case reflect.Map:
+		ti.standard = ti.standard || reflect.PointerTo(t.Key()).Implements(textUnmarshalerType)
+	case reflect.Struct:
+		ti.fields = map[string]fieldInfo{}
 		for i := 0; i < t.NumField(); i++ {
 			f := t.Field(i)
 			if !f.IsExported() {
@@ -125,7 +139,7 @@ func infoOf(t reflect.Type) *typeInfo {
 				name = f.Name
 			}
 			if _, dup := ti.fields[name]; !dup { // the first field of a name wins, as in structField
-				ti.fields[name] = f.Type
+				ti.fields[name] = fieldInfo{typ: f.Type, index: i}
 			}
 		}
 	}
@@ -153,9 +167,9 @@ func (p *path) String() string {
 }
 
 // scanner checks a JSON document against a Go type in one pass over its
-// bytes, with encoding/json's grammar, and reports every problem as a
-// *DecodeError naming the field where encoding/json's tokenizer would
-// have met it.
+// bytes, with encoding/json's grammar, filling the value as it goes, and
+// reports every problem as a *DecodeError naming the field where
+// encoding/json's tokenizer would have met it.
 type scanner struct {
 	data  []byte
 	pos   int
@@ -218,8 +232,11 @@ func (s *scanner) start(p *path) error {
 	return nil
 }
 
-// value checks the next value against type t.
-func (s *scanner) value(t reflect.Type, p *path) error {
+// value checks the next value against type t and, when v is valid (a
+// settable value of type t), stores it in v as encoding/json would. An
+// invalid v checks only: the value is then filled by encoding/json (see
+// typeInfo.standard).
+func (s *scanner) value(v reflect.Value, t reflect.Type, p *path) error {
 	if err := s.start(p); err != nil {
 		return err
 	}
@@ -230,24 +247,44 @@ func (s *scanner) value(t reflect.Type, p *path) error {
 		}
 		switch t.Kind() {
 		case reflect.Pointer, reflect.Slice, reflect.Map, reflect.Interface:
-			return nil // json.RawMessage is a slice
+			if v.IsValid() {
+				if t == rawMessageType {
+					v.SetBytes([]byte("null")) // a raw message keeps the null it was sent
+				} else {
+					v.SetZero()
+				}
+			}
+			return nil
 		}
 		return &DecodeError{Field: p.String(), Problem: "must not be null"}
 	}
+	from := s.pos
 	// Interfaces and raw messages are checked for duplicate keys only.
 	if t.Kind() == reflect.Interface || t == rawMessageType {
-		return s.anyValue(p, p)
+		if err := s.anyValue(p, p); err != nil {
+			return err
+		}
+		if !v.IsValid() {
+			return nil
+		}
+		if t == rawMessageType {
+			v.SetBytes(bytes.Clone(s.data[from:s.pos]))
+			return nil
+		}
+		return s.standard(v, from, p)
 	}
 	ti := infoOf(t)
 	// Types with their own decoding (time.Time, …) are walked for duplicate
 	// keys, then decoded on their own, so that what they refuse is reported
 	// with its field.
 	if ti.unmarshaler {
-		from := s.pos
 		if err := s.anyValue(p, p); err != nil {
 			return err
 		}
-		if err := json.Unmarshal(s.data[from:s.pos], reflect.New(t).Interface()); err != nil {
+		if !v.IsValid() {
+			v = reflect.New(t).Elem()
+		}
+		if err := json.Unmarshal(s.data[from:s.pos], v.Addr().Interface()); err != nil {
 			if t == timeType {
 				return &DecodeError{Field: p.String(), Problem: "expected an RFC 3339 date-time string such as \"2026-01-31T09:30:00Z\""}
 			}
@@ -255,19 +292,36 @@ func (s *scanner) value(t reflect.Type, p *path) error {
 		}
 		return nil
 	}
+	if ti.standard && v.IsValid() {
+		if err := s.value(reflect.Value{}, t, p); err != nil {
+			return err
+		}
+		return s.standard(v, from, p)
+	}
 	switch t.Kind() {
 	case reflect.Pointer:
-		return s.value(t.Elem(), p)
+		var ev reflect.Value
+		if v.IsValid() {
+			if v.IsNil() {
+				v.Set(reflect.New(t.Elem()))
+			}
+			ev = v.Elem()
+		}
+		return s.value(ev, t.Elem(), p)
 	case reflect.Struct:
 		if c != '{' {
 			return s.typeError(p, "an object")
 		}
 		return s.object(p, func(key string, mp *path) error {
-			ft, ok := ti.fields[key]
+			f, ok := ti.fields[key]
 			if !ok {
 				return &DecodeError{Field: mp.String(), Problem: "unknown field"}
 			}
-			return s.value(ft, mp)
+			var fv reflect.Value
+			if v.IsValid() {
+				fv = v.Field(f.index)
+			}
+			return s.value(fv, f.typ, mp)
 		})
 	case reflect.Map:
 		if c != '{' {
@@ -276,28 +330,75 @@ func (s *scanner) value(t reflect.Type, p *path) error {
 		if t.Key().Kind() != reflect.String {
 			return &DecodeError{Field: p.String(), Problem: "unsupported map key type"}
 		}
-		return s.object(p, func(_ string, mp *path) error { return s.value(t.Elem(), mp) })
+		if v.IsValid() && v.IsNil() {
+			v.Set(reflect.MakeMap(t))
+		}
+		return s.object(p, func(key string, mp *path) error {
+			if !v.IsValid() {
+				return s.value(v, t.Elem(), mp)
+			}
+			ev := reflect.New(t.Elem()).Elem()
+			if err := s.value(ev, t.Elem(), mp); err != nil {
+				return err
+			}
+			v.SetMapIndex(reflect.ValueOf(key).Convert(t.Key()), ev)
+			return nil
+		})
 	case reflect.Slice, reflect.Array:
 		if c != '[' {
 			return s.typeError(p, "an array")
 		}
-		return s.array(p, func(i int) error {
-			if t.Kind() == reflect.Array && i >= t.Len() {
+		slice := t.Kind() == reflect.Slice
+		if v.IsValid() && slice {
+			v.SetLen(0)
+		}
+		n := 0
+		err := s.array(p, func(i int) error {
+			if !slice && i >= t.Len() {
 				return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("at most %d elements", t.Len())}
 			}
-			return s.value(t.Elem(), &path{up: p, index: i, elem: true})
+			var ev reflect.Value
+			if v.IsValid() {
+				if slice {
+					if i >= v.Cap() {
+						v.Grow(1)
+					}
+					v.SetLen(i + 1)
+				}
+				ev = v.Index(i)
+				ev.SetZero()
+			}
+			n = i + 1
+			return s.value(ev, t.Elem(), &path{up: p, index: i, elem: true})
 		})
+		if err != nil || !v.IsValid() {
+			return err
+		}
+		if slice && n == 0 {
+			v.Set(reflect.MakeSlice(t, 0, 0)) // [] is an empty slice, not nil
+		}
+		for i := n; !slice && i < t.Len(); i++ {
+			v.Index(i).SetZero()
+		}
+		return nil
 	case reflect.String:
 		if c != '"' {
 			return s.typeError(p, "a string")
 		}
-		_, err := s.str(p, false)
+		escaped, err := s.str(p, false)
+		if err == nil && v.IsValid() {
+			v.SetString(s.text(from, escaped))
+		}
 		return err
 	case reflect.Bool:
 		if c != 't' && c != 'f' {
 			return s.typeError(p, "true or false")
 		}
-		return s.scalar(p)
+		err := s.scalar(p)
+		if err == nil && v.IsValid() {
+			v.SetBool(c == 't')
+		}
+		return err
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		n, err := s.numberOr(p, "an integer")
 		if err != nil {
@@ -306,6 +407,9 @@ func (s *scanner) value(t reflect.Type, p *path) error {
 		i, err := strconv.ParseInt(string(n), 10, 64)
 		if err != nil || i < minInt(t) || i > maxInt(t) {
 			return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("expected an integer in range, got %s", n)}
+		}
+		if v.IsValid() {
+			v.SetInt(i)
 		}
 		return nil
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
@@ -317,6 +421,9 @@ func (s *scanner) value(t reflect.Type, p *path) error {
 		if err != nil || u > maxUint(t) {
 			return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("expected a non-negative integer in range, got %s", n)}
 		}
+		if v.IsValid() {
+			v.SetUint(u)
+		}
 		return nil
 	case reflect.Float32, reflect.Float64:
 		n, err := s.numberOr(p, "a number")
@@ -327,9 +434,101 @@ func (s *scanner) value(t reflect.Type, p *path) error {
 		if err != nil || math.IsInf(f, 0) || (t.Kind() == reflect.Float32 && math.Abs(f) > math.MaxFloat32) {
 			return &DecodeError{Field: p.String(), Problem: fmt.Sprintf("number %s out of range", n)}
 		}
+		if v.IsValid() {
+			if t.Kind() == reflect.Float32 {
+				f, _ = strconv.ParseFloat(string(n), 32) // rounded once, as encoding/json does
+			}
+			v.SetFloat(f)
+		}
 		return nil
 	}
 	return &DecodeError{Field: p.String(), Problem: "unsupported type " + t.String()}
+}
+
+// standard fills v with encoding/json from the value the scanner checked,
+// s.data[from:s.pos].
+func (s *scanner) standard(v reflect.Value, from int, p *path) error {
+	if err := json.Unmarshal(s.data[from:s.pos], v.Addr().Interface()); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return &DecodeError{Field: joinField(p.String(), te.Field), Problem: "expected " + te.Type.String()}
+		}
+		return &DecodeError{Field: p.String(), Problem: "is not a valid " + v.Type().String()}
+	}
+	return nil
+}
+
+// joinField appends encoding/json's field path, relative to a value, to
+// the value's own.
+func joinField(at, rel string) string {
+	switch {
+	case rel == "":
+		return at
+	case at == "":
+		return rel
+	}
+	return at + "." + rel
+}
+
+// text is the string literal the scanner read from s.data[from:s.pos],
+// unescaped. Its escapes were checked (str): each is whole, and a \u
+// escape of a surrogate is half of a pair.
+func (s *scanner) text(from int, escaped bool) string {
+	lit := s.data[from+1 : s.pos-1]
+	if !escaped {
+		return string(lit)
+	}
+	b := make([]byte, 0, len(lit))
+	for i := 0; i < len(lit); {
+		c := lit[i]
+		if c != '\\' {
+			b = append(b, c)
+			i++
+			continue
+		}
+		switch e := lit[i+1]; e {
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			r := hexRune(lit[i+2 : i+6])
+			if utf16.IsSurrogate(r) {
+				r = utf16.DecodeRune(r, hexRune(lit[i+8:i+12]))
+				i += 6
+			}
+			b = utf8.AppendRune(b, r)
+			i += 6
+			continue
+		default: // " \ /
+			b = append(b, e)
+		}
+		i += 2
+	}
+	return string(b)
+}
+
+// hexRune is the value of four hexadecimal digits (checked by str).
+func hexRune(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		switch {
+		case c >= 'a':
+			c -= 'a' - 10
+		case c >= 'A':
+			c -= 'A' - 10
+		default:
+			c -= '0'
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 // typeError refuses the value at s.pos as not what was wanted. A scalar is
@@ -550,14 +749,7 @@ func (s *scanner) key(p *path) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !escaped {
-		return string(s.data[from+1 : s.pos-1]), nil
-	}
-	var key string
-	if err := json.Unmarshal(s.data[from:s.pos], &key); err != nil {
-		return "", &DecodeError{Field: p.String(), Problem: "a key does not decode"}
-	}
-	return key, nil
+	return s.text(from, escaped), nil
 }
 
 // str reads the string literal at s.pos and checks it as sent: its syntax

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -164,4 +165,60 @@ func FuzzDecodeTurnSubmitRequest(f *testing.F) {
 			t.Fatal("fingerprint changed across a re-encode")
 		}
 	})
+}
+
+// shouted decodes itself from text, as a uuid.UUID or a netip.Addr does.
+type shouted string
+
+func (s *shouted) UnmarshalText(b []byte) error {
+	if string(b) == "quiet" {
+		return errors.New("not loud")
+	}
+	*s = shouted(strings.ToUpper(string(b)))
+	return nil
+}
+
+// The scanner fills what it reads, but a type that decodes itself from text
+// is decoded by its own method, as encoding/json decodes it, and what that
+// method refuses is named at its field.
+func TestDecodeTextUnmarshaler(t *testing.T) {
+	t.Parallel()
+	type doc struct {
+		Name  shouted         `json:"name"`
+		ByKey map[shouted]int `json:"by_key"`
+		List  []shouted       `json:"list"`
+	}
+	var d doc
+	if err := Decode([]byte(`{"name":"hi\u00e9","by_key":{"a":1},"list":["x","y"]}`), &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Name != "HIÉ" || d.ByKey["A"] != 1 || len(d.List) != 2 || d.List[1] != "Y" {
+		t.Fatalf("decoded %+v", d)
+	}
+	err := Decode([]byte(`{"list":["x","quiet"]}`), &doc{})
+	var de *DecodeError
+	if !errors.As(err, &de) || de.Field != "list[1]" || de.Problem != "is not a valid wire.shouted" {
+		t.Fatalf("got %v", err)
+	}
+	if err := Decode([]byte(`{"name":5}`), &doc{}); !errors.As(err, &de) || de.Field != "name" {
+		t.Fatalf("a number for a text type: %v", err)
+	}
+}
+
+// Every escape JSON has comes out as encoding/json decodes it.
+func TestDecodeStringEscapes(t *testing.T) {
+	t.Parallel()
+	in := `{"s":"\"\\\/\b\f\n\r\t\u0041\u00e9\u20ac\ud83d\ude00 \u0000 plain é😀"}`
+	var got, want struct {
+		S string `json:"s"`
+	}
+	if err := Decode([]byte(in), &got); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(in), &want); err != nil {
+		t.Fatal(err)
+	}
+	if got.S != want.S {
+		t.Fatalf("got %q, encoding/json %q", got.S, want.S)
+	}
 }
