@@ -142,6 +142,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
+	b.held = newHeld(runCtx, b)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = dir.Run(runCtx) })
 	wg.Go(func() { fwd.Run(runCtx) })
@@ -198,7 +199,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// replica takes them); turns being decided finish, within the grace.
 	stopConsuming()
 	<-consumersDone
-	for _, q := range b.sched.Close() {
+	// Held turns first: a probe that found its database back pushes them
+	// to the queue, which is handed back next.
+	for _, q := range append(b.held.close(), b.sched.Close()...) {
 		_ = q.m.Nak()
 	}
 	b.waitInflight(cfg.ShutdownGrace, waitWorkers)
@@ -207,6 +210,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	stopRun()
 	wg.Wait()
+	b.held.wait()
 	log.Info("brain replica stopped")
 	return stopErr
 }
@@ -240,6 +244,8 @@ type brain struct {
 	tracer trace.Tracer
 	// pending keeps each active tenant's approvals and outbox backlog.
 	pending *pendingWatch
+	// held keeps the turns of tenants whose database does not answer.
+	held *held
 }
 
 // modelStage builds the model client and stage, or nothing (rules only)

@@ -44,6 +44,9 @@ type Config struct {
 	MaxDeliveries int
 	// ShutdownGrace is how long turns in flight may finish at shutdown. Default 10s.
 	ShutdownGrace time.Duration
+	// TurnHold is how long a turn waits on this replica for its tenant's
+	// database to answer again before it goes back to JetStream (held.go). Default 15s.
+	TurnHold time.Duration
 	// TenantWorkers is the most workers one tenant may hold on this
 	// replica, however many turns it has waiting: the rest stay free for
 	// the other tenants. BRAIN_TENANT_WORKERS, default a quarter of Workers
@@ -157,6 +160,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxDeliveries == 0 {
 		c.MaxDeliveries = 10
+	}
+	if c.TurnHold == 0 {
+		c.TurnHold = 15 * time.Second
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second

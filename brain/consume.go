@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"n8nbrain/brain/internal/store"
 	"n8nbrain/brain/internal/turn"
 	"n8nbrain/internal/telemetry"
 	"n8nbrain/registry"
@@ -53,6 +54,7 @@ type queued struct {
 	account string
 	ackWait time.Duration
 	at      time.Time // when this replica received it (zero: unknown)
+	holds   int       // how often this delivery was held (held.go)
 }
 
 // turnWorkers decides turns from every tenant's consumer with cfg.Workers
@@ -148,11 +150,23 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 			Message: "the tenant is disabled"})
 	default:
 		tl.attrs = append(tl.attrs, slog.String("tenant_id", string(t.ID)))
+		// The tenant's database is not answering: the turn waits with the
+		// others (held.go) rather than fail against it.
+		if q.holds < maxHolds && b.held.holding(account) && b.held.hold(t, q) {
+			b.inst.turnDone(tenant, OutcomeHeld, "database_unreachable")
+			return
+		}
 		stop := keepAlive(m, q.ackWait)
 		ans, err = b.proc.Process(ctx, t, turn.Message{Key: key, Seq: md.Sequence.Stream, StoredAt: md.Timestamp, Data: m.Data()})
 		stop()
 		if errors.Is(err, turn.ErrCrash) {
 			tl.at(slog.LevelWarn, "turn abandoned by a test hook", slog.Any("error", err))
+			return
+		}
+		if err != nil && store.Unreachable(err) && q.holds < maxHolds && b.held.hold(t, q) {
+			telemetry.End(span, err)
+			tl.at(slog.LevelDebug, "turn held: the tenant database does not answer", slog.Any("error", err))
+			b.inst.turnDone(tenant, OutcomeHeld, "database_unreachable")
 			return
 		}
 		if err != nil {

@@ -72,15 +72,18 @@ var (
 		"Turns of a tenant taken from its stream and waiting for a worker on this replica.", []string{"tenant"}, nil)
 	tenantInflightDesc = prometheus.NewDesc("brain_tenant_turns_inflight",
 		"Turns of a tenant being decided on this replica (at most BRAIN_TENANT_WORKERS).", []string{"tenant"}, nil)
+	tenantHeldDesc = prometheus.NewDesc("brain_tenant_turns_held",
+		"Turns of a tenant held on this replica until its database answers again; absent while it answers.", []string{"tenant"}, nil)
 )
 
-// tenantLoadCollector reads the fair scheduler at scrape time. A tenant
+// tenantLoadCollector reads the fair scheduler and the held turns at scrape time. A tenant
 // with nothing queued or in flight is not listed.
 type tenantLoadCollector struct{ b *brain }
 
 func (c *tenantLoadCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tenantQueuedDesc
 	ch <- tenantInflightDesc
+	ch <- tenantHeldDesc
 }
 
 func (c *tenantLoadCollector) Collect(ch chan<- prometheus.Metric) {
@@ -91,6 +94,13 @@ func (c *tenantLoadCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(tenantQueuedDesc, prometheus.GaugeValue, float64(l.Queued), id)
 		ch <- prometheus.MustNewConstMetric(tenantInflightDesc, prometheus.GaugeValue, float64(l.Inflight), id)
+	}
+	for acc, n := range c.b.held.counts() {
+		id := acc
+		if t, ok := c.b.dir.ByAccount(acc); ok {
+			id = string(t.ID)
+		}
+		ch <- prometheus.MustNewConstMetric(tenantHeldDesc, prometheus.GaugeValue, float64(n), id)
 	}
 }
 

@@ -41,6 +41,7 @@ const (
 	OutcomeReplayed = "replayed" // reason: the stored decision's status
 	OutcomeRejected = "rejected" // reason: the error's reason, else its code
 	OutcomeRetried  = "retried"  // a transient failure; JetStream redelivers it
+	OutcomeHeld     = "held"     // its tenant's database does not answer; held until it does (held.go)
 	OutcomeDropped  = "dropped"  // no reply could be published; redelivered
 )
 

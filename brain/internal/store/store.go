@@ -99,6 +99,31 @@ func Transient(err error) bool {
 	return errors.As(err, &ce)
 }
 
+// Unreachable reports whether err is the tenant database not answering at
+// all: a connection that could not be made or was lost, or a server
+// shutting down, crashed or starting up (SQLSTATE class 08, 57P01-57P03).
+// Unlike Transient it leaves out what a database that answers says (a
+// serialization failure, a deadlock, too many connections, a changed plan)
+// and a turn's own deadline, which a slow model call reaches too.
+func Unreachable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false // (a context error is a net.Error too)
+	}
+	var netErr net.Error
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.As(err, &netErr)
+}
+
 // WorkItem is a work item's state.
 type WorkItem struct {
 	ID               string

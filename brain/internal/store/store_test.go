@@ -455,28 +455,43 @@ func TestTransient(t *testing.T) {
 	_, late := pool.Exec(dctx, `SELECT 1`)
 	_, deadlock := pool.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '40P01'; END $$`)
 	_, shutdown := pool.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '57P01'; END $$`)
+	wrong := pool.Config().ConnConfig.Copy()
+	wrong.Password = "wrong"
+	_, refused := pgx.ConnectConfig(ctx, wrong)
+	_, starting := pool.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '57P03'; END $$`)
+	_, full := pool.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '53300'; END $$`)
+	// Unreachable: the database does not answer at all, so the brain holds
+	// the tenant's turns until it does; what an answering database says,
+	// and a deadline a slow model call meets too, are not.
 	for _, c := range []struct {
-		name string
-		err  error
-		want bool
+		name                   string
+		err                    error
+		transient, unreachable bool
 	}{
-		{"a syntax error", syntax, false},
-		{"no such item", missing, false},
-		{"no server listening", down, true},
-		{"the call's deadline", late, true},
-		{"a deadlock", deadlock, true},
-		{"an administrator shutdown", shutdown, true},
+		{"a syntax error", syntax, false, false},
+		{"no such item", missing, false, false},
+		{"no server listening", down, true, true},
+		{"the call's deadline", late, true, false},
+		{"the turn's deadline", fmt.Errorf("model: %w", context.DeadlineExceeded), true, false},
+		{"a deadlock", deadlock, true, false},
+		{"too many connections", full, true, false},
+		{"an administrator shutdown", shutdown, true, true},
+		{"a server starting up", starting, true, true},
+		{"a wrong password", refused, false, false},
 		// A server that crashed under a statement, as pgx reports it
 		// (TestPostgresCrashLosesNothing meets both for real).
-		{"the connection ended mid-answer", fmt.Errorf("list approvals: %w", io.ErrUnexpectedEOF), true},
-		{"the connection was reset", fmt.Errorf("mark events delivered: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), true},
-		{"no error", nil, false},
+		{"the connection ended mid-answer", fmt.Errorf("list approvals: %w", io.ErrUnexpectedEOF), true, true},
+		{"the connection was reset", fmt.Errorf("mark events delivered: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), true, true},
+		{"no error", nil, false, false},
 	} {
-		if c.err == nil && c.want {
+		if (c.err == nil) != (c.name == "no error") {
 			t.Fatalf("%s: the call did not fail", c.name)
 		}
-		if got := Transient(c.err); got != c.want {
-			t.Errorf("%s (%v): Transient %v, want %v", c.name, c.err, got, c.want)
+		if got := Transient(c.err); got != c.transient {
+			t.Errorf("%s (%v): Transient %v, want %v", c.name, c.err, got, c.transient)
+		}
+		if got := Unreachable(c.err); got != c.unreachable {
+			t.Errorf("%s (%v): Unreachable %v, want %v", c.name, c.err, got, c.unreachable)
 		}
 	}
 }

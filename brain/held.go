@@ -1,0 +1,181 @@
+package brain
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"n8nbrain/registry"
+)
+
+// A tenant's database that does not answer (down, restarting, crashed
+// under a statement) holds the tenant's turns on this replica instead of
+// sending each back to JetStream with a growing delay: one probe per
+// tenant asks the database again, 100 ms after the failure and then
+// at most every second, and the moment it answers every held turn goes
+// back to the workers. A turn so held is not redelivered, so an outage
+// spends none of its deliveries (MaxDeliveries), and the workers are
+// free for other tenants meanwhile.
+//
+// A turn is held Config.TurnHold at most; then it goes back to JetStream
+// as before (redeliveryDelay), to be held again if the database is still
+// down when it returns.
+const (
+	// maxHolds bounds how often one delivery of a turn is held: a turn
+	// whose database answers the probe but fails it again goes back to
+	// JetStream, counted.
+	maxHolds   = 3
+	probeFirst = 100 * time.Millisecond
+	probeEvery = time.Second
+	// probeTimeout bounds one probe (a host that drops packets).
+	probeTimeout = 2 * time.Second
+)
+
+// held is this replica's held turns, by tenant account.
+type held struct {
+	b       *brain
+	ctx     context.Context // the probes': done when the replica stops
+	mu      sync.Mutex
+	tenants map[string]*heldTenant
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+type heldTenant struct {
+	t     *registry.Tenant
+	turns []heldTurn
+	since time.Time
+}
+
+type heldTurn struct {
+	q     queued
+	until time.Time
+}
+
+func newHeld(ctx context.Context, b *brain) *held {
+	return &held{b: b, ctx: ctx, tenants: map[string]*heldTenant{}}
+}
+
+// holding reports whether the tenant's database is being probed: its turns
+// are held without being tried.
+func (h *held) holding(account string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.tenants[account] != nil
+}
+
+// hold keeps q until t's database answers, starting the tenant's probe if
+// none runs. It reports false when the replica is stopping (q is the
+// caller's to send back).
+func (h *held) hold(t *registry.Tenant, q queued) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	q.holds++
+	ht := h.tenants[q.account]
+	if ht == nil {
+		ht = &heldTenant{t: t, since: time.Now()}
+		h.tenants[q.account] = ht
+		h.b.log.Warn("tenant database does not answer; holding its turns until it does",
+			"tenant_id", string(t.ID))
+		h.wg.Go(func() { h.probe(h.ctx, q.account, ht) })
+	}
+	ht.turns = append(ht.turns, heldTurn{q: q, until: time.Now().Add(h.b.cfg.TurnHold)})
+	return true
+}
+
+// probe asks the tenant's database until it answers, keeps the held turns
+// alive meanwhile (as heartbeatQueued does for queued ones), sends back to
+// JetStream those held for Config.TurnHold, and then gives the rest to the workers.
+func (h *held) probe(ctx context.Context, account string, ht *heldTenant) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = probeFirst, probeEvery, 0
+	bo.Reset()
+	for {
+		select {
+		case <-ctx.Done():
+			return // close sends the held turns back
+		case <-time.After(bo.NextBackOff()):
+		}
+		// Alive, every second or sooner: more often than any ack wait
+		// allows a turn to be silent, though a probe may take probeTimeout.
+		h.mu.Lock()
+		for _, x := range ht.turns {
+			_ = x.q.m.InProgress()
+		}
+		h.mu.Unlock()
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		err := h.b.dir.Visit(pctx, ht.t, func(p *pgxpool.Pool) error { return p.Ping(pctx) })
+		cancel()
+		now := time.Now()
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			return
+		}
+		turns := ht.turns
+		if err != nil {
+			// Held long enough: back to JetStream, as a failed turn was before.
+			ht.turns = slices.DeleteFunc(ht.turns, func(x heldTurn) bool {
+				if now.Before(x.until) {
+					return false
+				}
+				delivered := uint64(1)
+				if md, _ := x.q.m.Metadata(); md != nil {
+					delivered = md.NumDelivered
+				}
+				_ = x.q.m.NakWithDelay(redeliveryDelay(delivered))
+				return true
+			})
+			h.mu.Unlock()
+			h.b.log.Debug("tenant database still does not answer", "tenant_id", string(ht.t.ID), "error", err)
+			continue
+		}
+		delete(h.tenants, account)
+		ht.turns = nil
+		h.mu.Unlock()
+		h.b.log.Info("tenant database answers again; its held turns resume", "tenant_id", string(ht.t.ID),
+			"held_turns", len(turns), "after_ms", now.Sub(ht.since).Milliseconds())
+		for _, x := range turns {
+			x.q.at = now
+			h.b.sched.Push(account, x.q)
+		}
+		return
+	}
+}
+
+// close stops the probes and returns every held turn, for the caller to
+// send back to JetStream (the replica is stopping).
+func (h *held) close() []queued {
+	h.mu.Lock()
+	h.closed = true
+	var out []queued
+	for acc, ht := range h.tenants {
+		for _, x := range ht.turns {
+			out = append(out, x.q)
+		}
+		delete(h.tenants, acc)
+	}
+	h.mu.Unlock()
+	return out
+}
+
+// counts is how many turns each held tenant has held here, by account.
+func (h *held) counts() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string]int, len(h.tenants))
+	for acc, ht := range h.tenants {
+		out[acc] = len(ht.turns)
+	}
+	return out
+}
+
+// wait returns once every probe has ended.
+func (h *held) wait() { h.wg.Wait() }

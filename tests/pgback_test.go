@@ -1,0 +1,220 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"n8nbrain/brain"
+	"n8nbrain/deploy/devstack"
+	"n8nbrain/deploy/localpg"
+	"n8nbrain/edge"
+	"n8nbrain/internal/testdb"
+	"n8nbrain/subjects"
+)
+
+// Turns that arrive while the tenant's database is down are held by the
+// brain and decided the moment it answers again: on their first delivery
+// (none is sent back to JetStream to wait out a growing delay), within
+// about a second of the database's return, and the brain says so once per
+// outage rather than once per turn.
+func TestTurnsResumeWhenTheDatabaseAnswers(t *testing.T) {
+	t.Parallel()
+	o := outageTurns(t, outageRun{down: 3 * time.Second, turns: 6})
+	var last time.Duration
+	for key, at := range o.answered {
+		last = max(last, at.Sub(o.up))
+		// The probe asks again at most every second; the turn is decided
+		// in milliseconds after that. A turn sent back to JetStream after
+		// failing three times would wait 4 s more.
+		if after := at.Sub(o.up); after > 3*time.Second {
+			t.Errorf("%s answered %.1fs after the database was back", key, after.Seconds())
+		}
+	}
+	t.Logf("down %.1fs; the last turn answered %.2fs after the database was back", o.up.Sub(o.down).Seconds(), last.Seconds())
+	var holding, resumed int
+	for _, rec := range o.brainLog() {
+		switch {
+		case rec.Msg == "tenant database does not answer; holding its turns until it does":
+			holding++
+		case rec.Msg == "tenant database answers again; its held turns resume":
+			resumed++
+			t.Logf("resumed %d held turns", rec.Held)
+		case rec.Msg == "turn failed; will be retried" && o.keys[rec.Key]:
+			t.Errorf("%s was sent back to JetStream to retry", rec.Key)
+		case rec.Msg == "turn answered" && o.keys[rec.Key] && rec.Delivered != 1:
+			t.Errorf("%s was answered on delivery %d, not its first", rec.Key, rec.Delivered)
+		}
+	}
+	if holding != 1 || resumed != 1 {
+		t.Errorf("the brain said %d times that it holds the tenant's turns and %d times that they resume; want once each", holding, resumed)
+	}
+}
+
+// A turn is held for the brain's TurnHold at most: then it goes back to
+// JetStream, to be held again on its next delivery, and is still decided
+// once when the database answers.
+func TestHeldTurnsGoBackToJetStreamAfterTheHold(t *testing.T) {
+	t.Parallel()
+	o := outageTurns(t, outageRun{hold: time.Second, down: 4 * time.Second, turns: 3})
+	answered := 0
+	for _, rec := range o.brainLog() {
+		if rec.Msg == "turn answered" && o.keys[rec.Key] {
+			answered++
+			if rec.Delivered < 2 {
+				t.Errorf("%s was answered on delivery %d: it was held past TurnHold (1s) of a 4s outage", rec.Key, rec.Delivered)
+			}
+		}
+	}
+	if answered != len(o.keys) {
+		t.Errorf("%d lines of a turn answered for %d turns", answered, len(o.keys))
+	}
+}
+
+// A replica that stops while it holds turns hands them back to JetStream
+// at once: the replica that goes on decides them as soon as the database
+// answers, not an ack wait later (30 s here).
+func TestStoppingReplicaHandsBackItsHeldTurns(t *testing.T) {
+	t.Parallel()
+	var stopped time.Time
+	o := outageTurns(t, outageRun{down: 4 * time.Second, turns: 6, ackWait: 30 * time.Second, second: true,
+		midway: func(stopFirst func()) {
+			stopFirst()
+			stopped = time.Now()
+		}})
+	for key, at := range o.answered {
+		if after := at.Sub(o.up); after > 3*time.Second {
+			t.Errorf("%s answered %.1fs after the database was back (the first replica stopped %.1fs before it)",
+				key, after.Seconds(), o.up.Sub(stopped).Seconds())
+		}
+	}
+	byReplica := map[string]int{}
+	for _, rec := range o.brainLog() {
+		if rec.Msg == "turn answered" && o.keys[rec.Key] {
+			byReplica[rec.Replica]++
+		}
+	}
+	if byReplica["dbback-2"] != len(o.keys) {
+		t.Errorf("turns answered by replica: %v; want all %d by dbback-2", byReplica, len(o.keys))
+	}
+}
+
+// dbOutage is what outageTurns saw.
+type dbOutage struct {
+	s        *system
+	down, up time.Time
+	keys     map[string]bool      // the turns submitted during the outage, by key
+	answered map[string]time.Time // when each was answered 200
+}
+
+// outageRun is an outage of the tenant's database under turns.
+type outageRun struct {
+	hold    time.Duration // the brain's TurnHold (its default if 0)
+	down    time.Duration // how long the database is down
+	turns   int           // submitted once it is down
+	ackWait time.Duration // the turn consumer's (the harness's if 0)
+	second  bool          // a second replica, dbback-2, from the start
+	// midway, if not nil, runs halfway through the outage, with a function
+	// that stops the first replica.
+	midway func(stopFirst func())
+}
+
+// outageTurns runs a brain replica (two with r.second) and an edge on a
+// Postgres cluster of the test's own, crashes the cluster, submits the
+// turns as n8n does (again after each 202) and starts the cluster again
+// after r.down. It returns once every turn was answered 200 (or fails the
+// test), and checks each was decided once.
+func outageTurns(t *testing.T, r outageRun) *dbOutage {
+	pg := testdb.PrivateCluster(t)
+	s := newSystemAt(t, pg.AdminURL(), func(c *devstack.Config) {
+		if r.ackWait > 0 {
+			c.Streams.AckWait = r.ackWait
+		}
+	})
+	tn := s.tenant(spec("dbback"))
+	hold := func(c *brain.Config) { c.TurnHold = r.hold }
+	stopFirst := s.startBrain("dbback-1", hold)
+	if r.second {
+		s.startBrain("dbback-2", hold)
+	}
+	e := s.startEdge(tn, func(c *edge.Config) { c.TurnWait = 2 * time.Second })
+	e.submit(quoteEmail("<dbback-warm@customer.example>")).reply(t) // pools and statements warm
+
+	ctx := context.Background()
+	if err := pg.Crash(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := &dbOutage{s: s, down: time.Now(), keys: map[string]bool{}, answered: map[string]time.Time{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range r.turns {
+		wg.Go(func() {
+			req := quoteEmail(fmt.Sprintf("<dbback-%d@customer.example>", i))
+			key := subjects.TurnKey(req.WorkItemID, 1)
+			mu.Lock()
+			o.keys[key] = true
+			mu.Unlock()
+			for time.Since(o.down) < time.Minute {
+				res, err := e.trySubmit(req)
+				switch {
+				case err != nil:
+					t.Errorf("%s: %v", key, err)
+					return
+				case res.Status == http.StatusOK:
+					mu.Lock()
+					o.answered[key] = time.Now()
+					mu.Unlock()
+					return
+				case res.Status != http.StatusAccepted:
+					t.Errorf("%s: %d %s", key, res.Status, res.Body)
+					return
+				}
+			}
+			t.Errorf("%s: no answer within a minute", key)
+		})
+	}
+	if r.midway != nil {
+		time.Sleep(r.down / 2)
+		r.midway(stopFirst)
+	}
+	time.Sleep(r.down - time.Since(o.down))
+	if _, err := localpg.Ensure(ctx, localpg.Config{Dir: pg.Dir, Port: pg.Port}); err != nil {
+		t.Fatal(err)
+	}
+	o.up = time.Now()
+	wg.Wait()
+	if len(o.answered) != r.turns {
+		t.Fatalf("%d of %d turns answered", len(o.answered), r.turns)
+	}
+	if c := count(t, s.tenantDB(tn), `SELECT count(*) FROM decisions`); c != r.turns+1 {
+		t.Errorf("%d decisions, want %d", c, r.turns+1)
+	}
+	return o
+}
+
+// logRecord is what the tests read of a brain's log line.
+type logRecord struct {
+	Msg       string `json:"msg"`
+	Component string `json:"component"`
+	Key       string `json:"turn_key"`
+	Delivered int    `json:"delivered"`
+	Held      int    `json:"held_turns"`
+	Replica   string `json:"replica"`
+}
+
+// brainLog is every line the brain logged.
+func (o *dbOutage) brainLog() []logRecord {
+	var out []logRecord
+	for line := range strings.Lines(o.s.logs.String()) {
+		var rec logRecord
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Component == "brain" {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
