@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"n8nbrain/brain/internal/store"
+	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/brain/internal/turn"
 	"n8nbrain/internal/telemetry"
 	"n8nbrain/registry"
@@ -163,7 +164,7 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 			tl.at(slog.LevelWarn, "turn abandoned by a test hook", slog.Any("error", err))
 			return
 		}
-		if err != nil && store.Unreachable(err) && q.holds < maxHolds && b.held.hold(t, q) {
+		if err != nil && unreachable(err) && q.holds < maxHolds && b.held.hold(t, q) {
 			telemetry.End(span, err)
 			tl.at(slog.LevelDebug, "turn held: the tenant database does not answer", slog.Any("error", err))
 			b.inst.turnDone(tenant, OutcomeHeld, "database_unreachable")
@@ -205,6 +206,14 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 	annotateTurnSpan(span, ans)
 	tl.at(slog.LevelInfo, "turn answered", slog.Int("turn", ans.Turn), slog.Bool("ok", ans.OK), slog.Bool("replayed", ans.Replayed),
 		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+}
+
+// unreachable reports whether a turn failed because its tenant's database
+// does not answer (its turns are then held, held.go). A replica at its
+// connection cap is not that: the database answers, and the turn is
+// retried as before.
+func unreachable(err error) bool {
+	return store.Unreachable(err) && !errors.Is(err, tenancy.ErrAtCapacity)
 }
 
 // turnLog writes a turn's log lines: its attributes, then the line's own.
