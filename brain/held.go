@@ -110,8 +110,14 @@ func (h *held) probe(ctx context.Context, account string, ht *heldTenant) {
 			_ = x.q.m.InProgress()
 		}
 		h.mu.Unlock()
+		// The registry's latest word on the tenant: an operator may have
+		// moved its database meanwhile.
+		t := ht.t
+		if cur, ok := h.b.dir.ByAccount(account); ok {
+			t = cur
+		}
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		err := h.b.dir.Visit(pctx, ht.t, func(p *pgxpool.Pool) error { return p.Ping(pctx) })
+		err := h.b.dir.Visit(pctx, t, func(p *pgxpool.Pool) error { return p.Ping(pctx) })
 		cancel()
 		now := time.Now()
 		h.mu.Lock()
@@ -134,13 +140,13 @@ func (h *held) probe(ctx context.Context, account string, ht *heldTenant) {
 				return true
 			})
 			h.mu.Unlock()
-			h.b.log.Debug("tenant database still does not answer", "tenant_id", string(ht.t.ID), "error", err)
+			h.b.log.Debug("tenant database still does not answer", "tenant_id", string(t.ID), "error", err)
 			continue
 		}
 		delete(h.tenants, account)
 		ht.turns = nil
 		h.mu.Unlock()
-		h.b.log.Info("tenant database answers again; its held turns resume", "tenant_id", string(ht.t.ID),
+		h.b.log.Info("tenant database answers again; its held turns resume", "tenant_id", string(t.ID),
 			"held_turns", len(turns), "after_ms", now.Sub(ht.since).Milliseconds())
 		for _, x := range turns {
 			x.q.at = now
@@ -150,8 +156,9 @@ func (h *held) probe(ctx context.Context, account string, ht *heldTenant) {
 	}
 }
 
-// close stops the probes and returns every held turn, for the caller to
-// send back to JetStream (the replica is stopping).
+// close ends the holding (a probe ends at its next try, or when the
+// replica's context is done) and returns every held turn, for the caller
+// to send back to JetStream: the replica is stopping.
 func (h *held) close() []queued {
 	h.mu.Lock()
 	h.closed = true
