@@ -126,7 +126,10 @@ func (h *held) probe(ctx context.Context, account string, ht *heldTenant) {
 			return
 		}
 		turns := ht.turns
-		if err != nil {
+		// Only a database that still does not answer keeps them: one that
+		// answers with a refusal (its role's password changed, say) is the
+		// turns' to meet and report, as they would without the hold.
+		if err != nil && unreachable(err) {
 			// Held long enough: back to JetStream, as a failed turn was before.
 			ht.turns = slices.DeleteFunc(ht.turns, func(x heldTurn) bool {
 				if now.Before(x.until) {
@@ -147,13 +150,21 @@ func (h *held) probe(ctx context.Context, account string, ht *heldTenant) {
 		ht.turns = nil
 		h.mu.Unlock()
 		h.b.log.Info("tenant database answers again; its held turns resume", "tenant_id", string(t.ID),
-			"held_turns", len(turns), "after_ms", now.Sub(ht.since).Milliseconds())
+			"held_turns", len(turns), "after_ms", now.Sub(ht.since).Milliseconds(), "answer", probeAnswer(err))
 		for _, x := range turns {
 			x.q.at = now
 			h.b.sched.Push(account, x.q)
 		}
 		return
 	}
+}
+
+// probeAnswer is what the database answered the probe that ended a hold.
+func probeAnswer(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return "a refusal: " + err.Error()
 }
 
 // close ends the holding (a probe ends at its next try, or when the
