@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"n8nbrain/edge"
 	"n8nbrain/internal/testdb"
 	"n8nbrain/subjects"
+	"n8nbrain/wire"
 )
 
 // Turns that arrive while the tenant's database is down are held by the
@@ -217,4 +220,51 @@ func (o *dbOutage) brainLog() []logRecord {
 		}
 	}
 	return out
+}
+
+// A database that comes back refusing the tenant's role (pg_hba.conf now
+// rejects it) has answered: the held turn meets the refusal at once and is
+// answered 503 naming it, not held for TurnHold and answered 202.
+func TestHeldTurnsMeetTheDatabasesRefusal(t *testing.T) {
+	t.Parallel()
+	pg := testdb.PrivateCluster(t)
+	s := newSystemAt(t, pg.AdminURL(), nil)
+	tn := s.tenant(spec("dbrefuse"))
+	s.startBrain("dbrefuse-1", nil)
+	e := s.startEdge(tn, func(c *edge.Config) { c.TurnWait = 10 * time.Second })
+	e.submit(quoteEmail("<dbrefuse-warm@customer.example>")).reply(t)
+
+	ctx := context.Background()
+	if err := pg.Crash(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan response, 1)
+	go func() {
+		r, err := e.trySubmit(quoteEmail("<dbrefuse-1@customer.example>"))
+		if err != nil {
+			t.Error(err)
+		}
+		res <- r
+	}()
+	time.Sleep(1500 * time.Millisecond) // held by now
+	hba := filepath.Join(pg.Dir, "data", "pg_hba.conf")
+	b, err := os.ReadFile(hba)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reject := fmt.Sprintf("host all %s 127.0.0.1/32 reject\nhost all %s ::1/128 reject\n", tn.DB.AppRole, tn.DB.AppRole)
+	if err := os.WriteFile(hba, append([]byte(reject), b...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := localpg.Ensure(ctx, localpg.Config{Dir: pg.Dir, Port: pg.Port}); err != nil {
+		t.Fatal(err)
+	}
+	up := time.Now()
+	r := <-res
+	if took := time.Since(up); took > 5*time.Second {
+		t.Errorf("answered %.1fs after the database was back", took.Seconds())
+	}
+	if er := r.error(t, http.StatusServiceUnavailable); er.Reason != wire.ReasonTenantDatabaseLogin {
+		t.Errorf("reason %q, want %q", er.Reason, wire.ReasonTenantDatabaseLogin)
+	}
 }
