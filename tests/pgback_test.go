@@ -268,3 +268,52 @@ func TestHeldTurnsMeetTheDatabasesRefusal(t *testing.T) {
 		t.Errorf("reason %q, want %q", er.Reason, wire.ReasonTenantDatabaseLogin)
 	}
 }
+
+// The brain's registry listener, cut three times, says so once each time
+// and once when it is back, and listens again: a tenant disabled after that
+// is refused at once, though the periodic reload is an hour away.
+func TestRegistryListenerCutSaysSoOnce(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("listen-a"))
+	s.startBrain("listen-1", func(c *brain.Config) { c.RegistryRefresh = time.Hour })
+	ea := s.startEdge(a, nil)
+	ea.submit(quoteEmail("<listen-warm@customer.example>")).reply(t)
+	ctx := context.Background()
+	admin := s.adminConn("postgres")
+	lines := func(msg string) int {
+		n := 0
+		for line := range strings.Lines(s.logs.String()) {
+			if strings.Contains(line, `"msg":"`+msg+`"`) && strings.Contains(line, `"replica":"listen-1"`) {
+				n++
+			}
+		}
+		return n
+	}
+	for cut := 1; cut <= 3; cut++ {
+		var killed int
+		if err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = $1 AND query = 'LISTEN registry_changed'`, s.stack.Ops.Prefix+"brain_registry").Scan(&killed); err != nil {
+			t.Fatal(err)
+		}
+		if killed != 1 {
+			t.Fatalf("cut %d: %d listening sessions terminated, want 1", cut, killed)
+		}
+		eventually(t, 20*time.Second, "the listener back", func() bool { return lines("registry listener back") == cut })
+		if n := lines("registry listener lost; reconnecting"); n != cut {
+			t.Fatalf("after %d cuts, %d warnings that the listener is lost", cut, n)
+		}
+	}
+	reg, err := s.stack.Ops.RegistryAdmin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(ctx)
+	if _, err := reg.Exec(ctx, `UPDATE tenants SET status = 'disabled' WHERE id = $1`, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the disabled tenant refused", func() bool {
+		res := ea.submit(quoteEmail(fmt.Sprintf("<listen-%d@customer.example>", time.Now().UnixNano())))
+		return res.Status == http.StatusForbidden && strings.Contains(string(res.Body), wire.ReasonTenantDisabled)
+	})
+}

@@ -169,13 +169,30 @@ func (d *Directory) Run(ctx context.Context) error {
 	b := backoff.NewExponentialBackOff()
 	b.MaxElapsedTime = 0
 	b.MaxInterval = 10 * time.Second
+	// One warning when the listener is lost and one line when it is back,
+	// whatever the attempts between (an outage of the registry's server
+	// would otherwise be a warning per attempt); each outage starts its
+	// backoff afresh.
+	var lost time.Time
+	attempts := 0
 	for ctx.Err() == nil {
-		err := d.listen(ctx)
+		err := d.listen(ctx, func() {
+			if !lost.IsZero() {
+				d.log.Info("registry listener back", "down_ms", time.Since(lost).Milliseconds(), "attempts", attempts)
+			}
+			lost, attempts = time.Time{}, 0
+			b.Reset()
+		})
 		if ctx.Err() != nil {
 			break
 		}
 		wait := b.NextBackOff()
-		d.log.Warn("registry listener lost; reconnecting", "error", err, "retry_in", wait.String())
+		if attempts++; lost.IsZero() {
+			lost = time.Now()
+			d.log.Warn("registry listener lost; reconnecting", "error", err, "retry_in", wait.String())
+		} else {
+			d.log.Debug("registry listener still lost; reconnecting", "error", err, "retry_in", wait.String())
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
@@ -184,7 +201,9 @@ func (d *Directory) Run(ctx context.Context) error {
 	return nil
 }
 
-func (d *Directory) listen(ctx context.Context) error {
+// listen listens for registry_changed until its connection fails; up runs
+// once it listens and has reloaded what changed meanwhile.
+func (d *Directory) listen(ctx context.Context, up func()) error {
 	conn, err := d.reg.Acquire(ctx)
 	if err != nil {
 		return err
@@ -197,6 +216,7 @@ func (d *Directory) listen(ctx context.Context) error {
 	if err := d.reloadAll(ctx); err != nil {
 		return err
 	}
+	up()
 	for {
 		n, err := conn.Conn().WaitForNotification(ctx)
 		if err != nil {
