@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -238,11 +240,11 @@ func (b *brain) handleAPI(m *nats.Msg) {
 		err = &wire.Error{Code: wire.CodeForbidden, Reason: wire.ReasonTenantDisabled, Message: "the tenant is disabled"}
 	default:
 		log = log.With("tenant_id", t.ID)
-		reply, err = b.dispatchAPI(ctx, t, method, m.Data)
+		reply, err = b.safeDispatchAPI(ctx, t, method, m.Data)
 		if store.PlanChanged(err) {
 			// A migration changed a column this call reads; its statement
 			// is prepared again on the next try, and nothing was written.
-			reply, err = b.dispatchAPI(ctx, t, method, m.Data)
+			reply, err = b.safeDispatchAPI(ctx, t, method, m.Data)
 		}
 		err = b.dir.Check(t, err)
 		switch method {
@@ -310,6 +312,23 @@ func apiMethodLabel(method string) string {
 		return method
 	}
 	return "unknown"
+}
+
+// safeDispatchAPI is dispatchAPI with a panic in the brain's code (a bug)
+// recovered, logged with its stack and answered internal, instead of taking
+// the replica down.
+func (b *brain) safeDispatchAPI(ctx context.Context, t *registry.Tenant, method string, data []byte) (reply any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("an API call panicked, a bug in the brain; it is answered internal", "tenant_id", string(t.ID),
+				"api_method", apiMethodLabel(method), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			reply, err = nil, panicked()
+		}
+	}()
+	if h := b.cfg.Hooks.BeforeAPIFunc; h != nil {
+		h(t.ID, method)
+	}
+	return b.dispatchAPI(ctx, t, method, data)
 }
 
 // dispatchAPI decodes a request strictly and calls the method's handler.

@@ -132,7 +132,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	timers := timer.NewNext(timer.New(js))
 	fwd := outbox.New(outbox.Config{RetryBase: cfg.EventRetryBase, RetryMax: cfg.EventRetryMax}, dir, timers, nc, log)
 	approvals := approval.New(dir, timers, fwd, log)
-	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks(cfg.Hooks), log)
+	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks{AfterStepFunc: cfg.Hooks.AfterStepFunc, AfterCommitFunc: cfg.Hooks.AfterCommitFunc}, log)
 	sched := fair.New[queued](cfg.TenantWorkers)
 	b := &brain{cfg: cfg, log: log, nc: nc, natsWatch: watch, apiNC: apiNC, apiWatch: apiWatch, js: js, dir: dir, proc: proc, approvals: approvals, outbox: fwd,
 		model: mc, stage: stage, sched: sched, consumers: newConsumers(js, sched, log),

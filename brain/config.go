@@ -143,6 +143,9 @@ const DefaultModel = "qwen3:4b"
 type Hooks struct {
 	AfterStepFunc   func(tenant registry.TenantID, workItemID string, turn int, step string) error
 	AfterCommitFunc func(tenant registry.TenantID, workItemID string, turn int) error
+	// BeforeAPIFunc runs before a tenant API call is dispatched (a test
+	// panics in it, as a bug in a handler would).
+	BeforeAPIFunc func(tenant registry.TenantID, method string)
 }
 
 func (c Config) withDefaults() Config {

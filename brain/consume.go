@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -157,9 +158,7 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 			b.inst.turnDone(tenant, OutcomeHeld, "database_unreachable")
 			return
 		}
-		stop := keepAlive(m, q.ackWait)
-		ans, err = b.proc.Process(ctx, t, turn.Message{Key: key, Seq: md.Sequence.Stream, StoredAt: md.Timestamp, Data: m.Data()})
-		stop()
+		ans, err = b.process(ctx, t, q, turn.Message{Key: key, Seq: md.Sequence.Stream, StoredAt: md.Timestamp, Data: m.Data()})
 		if errors.Is(err, turn.ErrCrash) {
 			tl.at(slog.LevelWarn, "turn abandoned by a test hook", slog.Any("error", err))
 			return
@@ -206,6 +205,41 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 	annotateTurnSpan(span, ans)
 	tl.at(slog.LevelInfo, "turn answered", slog.Int("turn", ans.Turn), slog.Bool("ok", ans.OK), slog.Bool("replayed", ans.Replayed),
 		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+}
+
+// process decides a turn, telling JetStream meanwhile that it is alive. A
+// panic in the brain's code (a bug) is recovered here, logged with its
+// stack, and the turn answered internal at once: left to run, it would take
+// the replica down, and every replica the turn is redelivered to after it.
+func (b *brain) process(ctx context.Context, t *registry.Tenant, q queued, msg turn.Message) (ans turn.Answer, err error) {
+	stop := keepAlive(q.m, q.ackWait)
+	defer stop()
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("deciding a turn panicked, a bug in the brain; the turn is answered internal", "tenant_id", string(t.ID),
+				"turn_key", msg.Key, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			ans, err = b.refusePanicked(msg.Data), nil
+		}
+	}()
+	return b.proc.Process(ctx, t, msg)
+}
+
+// refusePanicked answers a turn the brain's code panicked on: with its
+// fingerprint when its payload decodes (the edge takes only a reply that
+// carries one), or without it if decoding it is what panics.
+func (b *brain) refusePanicked(data []byte) (ans turn.Answer) {
+	defer func() {
+		if recover() != nil {
+			ans = b.proc.Refuse(nil, panicked())
+		}
+	}()
+	return b.proc.Refuse(data, panicked())
+}
+
+// panicked answers a request the brain's code panicked on.
+func panicked() *wire.Error {
+	return &wire.Error{Code: wire.CodeInternal,
+		Message: "the brain failed on this request (a bug, logged with its stack); sending it again tries it again"}
 }
 
 // unreachable reports whether a turn failed because its tenant's database
