@@ -42,6 +42,12 @@ func compareDecoders(t *testing.T, data []byte) {
 		func() any { return new(TurnSubmitRequest) },
 		func() any { return new(ApprovalDecideRequest) },
 		func() any { return new(diffShape) },
+		// Every tenant API request the brain decodes (brain/api.go).
+		func() any { return new(ApprovalListRequest) },
+		func() any { return new(ApprovalGetRequest) },
+		func() any { return new(EventAckRequest) },
+		func() any { return new(ReportRequest) },
+		func() any { return new(TenantLimitsRequest) },
 	} {
 		a, b := newV(), newV()
 		got, want := decode(data, a), decodeReference(data, b)
@@ -85,6 +91,7 @@ var diffSeeds = []string{
 	`{"b":tru}`, `{"b":truex}`, `{"b":nul}`, `{"b":"true"}`, `{"b":1}`, `{"s":tru}`, `{"s":"a" "b"}`, `{"s":"a",}`, `{"s":"a"`, `{"s":"a`, `{"s":"\u12"}`, `{"s":"\uzzzz"}`, `{"s":"\x"}`, "{\"s\":\"a\x01b\"}",
 	`{"s" "a"}`, `{"zz" "a"}`, `{"s":1 "t":2}`, `{,}`, `{"s":"a",}`, `{`, `[`, `{"s":`, `{"s"`, ``, ` `, `null`, `1`, `"x"`, `[1]`, `{}x`, `{} {}`, "{}\xff",
 	`{"\u0073":"dup","s":"x"}`, `{"S":"case"}`, `{"\ud800":1}`, "{\"\xff\":1}", `{"s":"\ud83d\ude00"}`, `{"s":"\ud83dA"}`, `{"s":"\\ud800"}`, `{"s":"\"\ud800"}`,
+	`{"limit":5,"cursor":"c","brief":true}`, `{"ids":["a","b"]}`, `{"approval_id":"a"}`, `{}`,
 	`{"p":{"s":"x","s":"y"}}`, `{"mm":{"a":[true,1]}}`, `{"mm":{"a":[true,]}}`, `{"any":{"a" 1}}`, `{"any":{"a":1,}}`, `{"a":[1,2,3 4]}`,
 }
 
