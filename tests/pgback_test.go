@@ -57,6 +57,27 @@ func TestTurnsResumeWhenTheDatabaseAnswers(t *testing.T) {
 	if holding != 1 || resumed != 1 {
 		t.Errorf("the brain said %d times that it holds the tenant's turns and %d times that they resume; want once each", holding, resumed)
 	}
+	// The registry shares the cluster: its reloads (every second here) and
+	// its listener failed throughout, and each says so once, and once more
+	// when it works again.
+	lines := func(msg string) int {
+		n := 0
+		for _, rec := range o.brainLog() {
+			if rec.Msg == msg {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, 20*time.Second, "the registry's reload and listener back", func() bool {
+		return lines("registry reloads again") > 0 && lines("registry listener back") > 0
+	})
+	for _, msg := range []string{"reload registry; the directory keeps what it last read until a reload works",
+		"registry reloads again", "registry listener lost; reconnecting", "registry listener back"} {
+		if n := lines(msg); n != 1 {
+			t.Errorf("%d lines %q in a %.1fs outage, want 1", n, msg, o.up.Sub(o.down).Seconds())
+		}
+	}
 }
 
 // A turn is held for the brain's TurnHold at most: then it goes back to

@@ -235,13 +235,25 @@ func (d *Directory) refreshLoop(ctx context.Context) {
 	defer t.Stop()
 	idle := time.NewTicker(max(d.cfg.IdleTimeout/4, 10*time.Millisecond))
 	defer idle.Stop()
+	// One error when reloads start failing and one line when they work
+	// again, not an error every Refresh while the registry is down.
+	var failing time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := d.reloadAll(ctx); err != nil && ctx.Err() == nil {
-				d.log.Error("reload registry", "error", err)
+			err := d.reloadAll(ctx)
+			switch {
+			case ctx.Err() != nil:
+			case err != nil && failing.IsZero():
+				failing = time.Now()
+				d.log.Error("reload registry; the directory keeps what it last read until a reload works", "error", err)
+			case err != nil:
+				d.log.Debug("reload registry still fails", "error", err)
+			case !failing.IsZero():
+				d.log.Info("registry reloads again", "failed_for_ms", time.Since(failing).Milliseconds())
+				failing = time.Time{}
 			}
 		case <-idle.C:
 			d.closeIdlePools()
