@@ -532,15 +532,7 @@ func TestApprovalModeChangeAppliesToNewItemsOnly(t *testing.T) {
 	if p := ea.approval(r.Action.ApprovalID).Approval; p.ApprovalMode != "review_app" || p.Proof != wire.ProofExactText {
 		t.Fatalf("in-flight approval: %+v", p)
 	}
-	ctx := context.Background()
-	reg, err := s.stack.Ops.RegistryAdmin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close(ctx)
-	if _, err := reg.Exec(ctx, `UPDATE tenants SET approval_mode = 'mailbox' WHERE id = $1`, a.ID); err != nil {
-		t.Fatal(err)
-	}
+	s.registryExec(`UPDATE tenants SET approval_mode = 'mailbox' WHERE id = $1`, a.ID)
 	var fresh wire.Approval
 	n := 0
 	eventually(t, 10*time.Second, "the mode change to reach the brain", func() bool {

@@ -325,14 +325,7 @@ func TestRegistryListenerCutSaysSoOnce(t *testing.T) {
 			t.Fatalf("after %d cuts, %d warnings that the listener is lost", cut, n)
 		}
 	}
-	reg, err := s.stack.Ops.RegistryAdmin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close(ctx)
-	if _, err := reg.Exec(ctx, `UPDATE tenants SET status = 'disabled' WHERE id = $1`, a.ID); err != nil {
-		t.Fatal(err)
-	}
+	s.registryExec(`UPDATE tenants SET status = 'disabled' WHERE id = $1`, a.ID)
 	eventually(t, 10*time.Second, "the disabled tenant refused", func() bool {
 		res := ea.submit(quoteEmail(fmt.Sprintf("<listen-%d@customer.example>", time.Now().UnixNano())))
 		return res.Status == http.StatusForbidden && strings.Contains(string(res.Body), wire.ReasonTenantDisabled)

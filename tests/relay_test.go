@@ -580,19 +580,11 @@ func TestActionsNotEnabledAreNeverReturned(t *testing.T) {
 	sp.EnabledActions = []catalogue.Name{catalogue.DraftReply, catalogue.EscalateItem}
 	sp.Rules = sp.Rules[:1]
 	a := s.tenant(sp)
-	ctx := context.Background()
-	reg, err := s.stack.Ops.RegistryAdmin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close(ctx)
 	// A rule written behind the ops tool's back, naming an action the
 	// tenant never enabled.
-	if _, err := reg.Exec(ctx, `INSERT INTO triage_rules (tenant_id, position, name, match, category, priority, action, params, confidence)
+	s.registryExec(`INSERT INTO triage_rules (tenant_id, position, name, match, category, priority, action, params, confidence)
 		VALUES ($1, 10, 'jobs', '{"subject_keywords":["leak"]}', 'booking', 'urgent', 'create_job',
-		'{"title":"Fix leak","description":"d","external_ref":"r"}', 1)`, a.ID); err != nil {
-		t.Fatal(err)
-	}
+		'{"title":"Fix leak","description":"d","external_ref":"r"}', 1)`, a.ID)
 	s.startBrain("r1", nil)
 	ea := s.startEdge(a, nil)
 	leak := &wire.TurnSubmitRequest{WorkItemID: "<leak@x>", Turn: 1, Email: &wire.Email{From: "a@b.example", Subject: "Leak in the roof", Body: "water everywhere"}}
@@ -603,9 +595,7 @@ func TestActionsNotEnabledAreNeverReturned(t *testing.T) {
 
 	// Ops switches draft_reply and escalate_item off: the next new item gets
 	// neither, without restarting the brain.
-	if _, err := reg.Exec(ctx, `UPDATE tenants SET enabled_actions = '{close_item}', updated_at = now() WHERE id = $1`, a.ID); err != nil {
-		t.Fatal(err)
-	}
+	s.registryExec(`UPDATE tenants SET enabled_actions = '{close_item}', updated_at = now() WHERE id = $1`, a.ID)
 	var last wire.TurnSubmitReply
 	n := 0
 	eventually(t, 10*time.Second, "the registry change to reach the brain", func() bool {
@@ -626,15 +616,7 @@ func TestDisabledTenantIsRefused(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
 	a := s.tenant(spec("disabled-a"))
-	ctx := context.Background()
-	reg, err := s.stack.Ops.RegistryAdmin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close(ctx)
-	if _, err := reg.Exec(ctx, `UPDATE tenants SET status = 'disabled' WHERE id = $1`, a.ID); err != nil {
-		t.Fatal(err)
-	}
+	s.registryExec(`UPDATE tenants SET status = 'disabled' WHERE id = $1`, a.ID)
 	s.startBrain("r1", nil)
 	ea := s.startEdge(a, nil)
 	if e := ea.submit(quoteEmail("<d@x>")).error(t, http.StatusForbidden); e.Reason != wire.ReasonTenantDisabled {

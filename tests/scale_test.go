@@ -117,14 +117,7 @@ func TestTimersOfTwoReplicasKeepTheEarliest(t *testing.T) {
 
 	// The tenant's approvals now wait an hour: B's approval expires long
 	// after A's.
-	reg, err := s.stack.Ops.RegistryAdmin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close(context.Background())
-	if _, err := reg.Exec(context.Background(), `UPDATE tenants SET approval_ttl_seconds = 3600 WHERE id = $1`, a.ID); err != nil {
-		t.Fatal(err)
-	}
+	s.registryExec(`UPDATE tenants SET approval_ttl_seconds = 3600 WHERE id = $1`, a.ID)
 	s.startBrain("b", noSafetyNet)
 	later := ea.submit(quoteEmail("<timer-two-later@customer.example>")).reply(t).Action.ApprovalID
 	var expires2 time.Time
@@ -476,14 +469,7 @@ func TestManyTenantsStartAndReloadOne(t *testing.T) {
 	one := metricValue(t, metricsURL, `brain_registry_reloads_total{scope="tenant"}`)
 
 	// One tenant's ceiling changes: that tenant is reloaded, nothing else.
-	reg, err := s.stack.Ops.RegistryAdmin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close(context.Background())
-	if _, err := reg.Exec(context.Background(), `UPDATE tenants SET turn_ceiling = 1 WHERE id = $1`, a.ID); err != nil {
-		t.Fatal(err)
-	}
+	s.registryExec(`UPDATE tenants SET turn_ceiling = 1 WHERE id = $1`, a.ID)
 	eventually(t, 10*time.Second, "the change to be reloaded", func() bool {
 		return metricValue(t, metricsURL, `brain_registry_reloads_total{scope="tenant"}`) == one+1
 	})
