@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -320,8 +318,8 @@ func apiMethodLabel(method string) string {
 func (b *brain) safeDispatchAPI(ctx context.Context, t *registry.Tenant, method string, data []byte) (reply any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			b.log.Error("an API call panicked, a bug in the brain; it is answered internal", "tenant_id", string(t.ID),
-				"api_method", apiMethodLabel(method), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			b.logPanic(r, "an API call panicked, a bug in the brain; it is answered internal", "tenant_id", string(t.ID),
+				"api_method", apiMethodLabel(method))
 			reply, err = nil, panicked()
 		}
 	}()

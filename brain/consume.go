@@ -154,8 +154,7 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 		tl.attrs = append(tl.attrs, slog.String("tenant_id", string(t.ID)))
 		// The tenant's database is not answering: the turn waits with the
 		// others (held.go) rather than fail against it.
-		if q.holds < maxHolds && b.held.holding(account) && b.held.hold(t, q) {
-			b.inst.turnDone(tenant, OutcomeHeld, "database_unreachable")
+		if b.held.join(t, q) {
 			return
 		}
 		ans, err = b.process(ctx, t, q, turn.Message{Key: key, Seq: md.Sequence.Stream, StoredAt: md.Timestamp, Data: m.Data()})
@@ -163,10 +162,9 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 			tl.at(slog.LevelWarn, "turn abandoned by a test hook", slog.Any("error", err))
 			return
 		}
-		if err != nil && unreachable(err) && q.holds < maxHolds && b.held.hold(t, q) {
+		if err != nil && unreachable(err) && b.held.hold(t, q) {
 			telemetry.End(span, err)
 			tl.at(slog.LevelDebug, "turn held: the tenant database does not answer", slog.Any("error", err))
-			b.inst.turnDone(tenant, OutcomeHeld, "database_unreachable")
 			return
 		}
 		if err != nil {
@@ -216,8 +214,8 @@ func (b *brain) process(ctx context.Context, t *registry.Tenant, q queued, msg t
 	defer stop()
 	defer func() {
 		if r := recover(); r != nil {
-			b.log.Error("deciding a turn panicked, a bug in the brain; the turn is answered internal", "tenant_id", string(t.ID),
-				"turn_key", msg.Key, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			b.logPanic(r, "deciding a turn panicked, a bug in the brain; the turn is answered internal", "tenant_id", string(t.ID),
+				"turn_key", msg.Key)
 			ans, err = b.refusePanicked(msg.Data), nil
 		}
 	}()
@@ -234,6 +232,12 @@ func (b *brain) refusePanicked(data []byte) (ans turn.Answer) {
 		}
 	}()
 	return b.proc.Refuse(data, panicked())
+}
+
+// logPanic logs a recovered panic r at ERROR, with the stack of the
+// goroutine it happened on.
+func (b *brain) logPanic(r any, msg string, attrs ...any) {
+	b.log.Error(msg, append(attrs, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))...)
 }
 
 // panicked answers a request the brain's code panicked on.

@@ -60,21 +60,26 @@ func newHeld(ctx context.Context, b *brain) *held {
 	return &held{b: b, ctx: ctx, tenants: map[string]*heldTenant{}}
 }
 
-// holding reports whether the tenant's database is being probed: its turns
-// are held without being tried.
-func (h *held) holding(account string) bool {
+// join holds q if its tenant's turns are being held already (its
+// database is being probed): the turn waits with them untried. It reports
+// whether it did.
+func (h *held) join(t *registry.Tenant, q queued) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.tenants[account] != nil
+	return h.tenants[q.account] != nil && h.addLocked(t, q)
 }
 
 // hold keeps q until t's database answers, starting the tenant's probe if
-// none runs. It reports false when the replica is stopping (q is the
-// caller's to send back).
+// none runs. It reports false when the replica is stopping or this delivery
+// was held maxHolds times already (q is then the caller's to send back).
 func (h *held) hold(t *registry.Tenant, q queued) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.closed {
+	return h.addLocked(t, q)
+}
+
+func (h *held) addLocked(t *registry.Tenant, q queued) bool {
+	if h.closed || q.holds >= maxHolds {
 		return false
 	}
 	q.holds++
@@ -87,6 +92,7 @@ func (h *held) hold(t *registry.Tenant, q queued) bool {
 		h.wg.Go(func() { h.probe(h.ctx, q.account, ht) })
 	}
 	ht.turns = append(ht.turns, heldTurn{q: q, until: time.Now().Add(h.b.cfg.TurnHold)})
+	h.b.inst.turnDone(string(t.ID), OutcomeHeld, "database_unreachable")
 	return true
 }
 
