@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -41,7 +42,7 @@ func TestTurnsResumeWhenTheDatabaseAnswers(t *testing.T) {
 	}
 	t.Logf("down %.1fs; the last turn answered %.2fs after the database was back", o.up.Sub(o.down).Seconds(), last.Seconds())
 	var holding, resumed int
-	for _, rec := range o.brainLog() {
+	for _, rec := range brainLog(o.s) {
 		switch {
 		case rec.Msg == "tenant database does not answer; holding its turns until it does":
 			holding++
@@ -60,21 +61,12 @@ func TestTurnsResumeWhenTheDatabaseAnswers(t *testing.T) {
 	// The registry shares the cluster: its reloads (every second here) and
 	// its listener failed throughout, and each says so once, and once more
 	// when it works again.
-	lines := func(msg string) int {
-		n := 0
-		for _, rec := range o.brainLog() {
-			if rec.Msg == msg {
-				n++
-			}
-		}
-		return n
-	}
 	eventually(t, 20*time.Second, "the registry's reload and listener back", func() bool {
-		return lines("registry reloads again") > 0 && lines("registry listener back") > 0
+		return brainLines(o.s, "registry reloads again") > 0 && brainLines(o.s, "registry listener back") > 0
 	})
 	for _, msg := range []string{"reload registry; the directory keeps what it last read until a reload works",
 		"registry reloads again", "registry listener lost; reconnecting", "registry listener back"} {
-		if n := lines(msg); n != 1 {
+		if n := brainLines(o.s, msg); n != 1 {
 			t.Errorf("%d lines %q in a %.1fs outage, want 1", n, msg, o.up.Sub(o.down).Seconds())
 		}
 	}
@@ -87,7 +79,7 @@ func TestHeldTurnsGoBackToJetStreamAfterTheHold(t *testing.T) {
 	t.Parallel()
 	o := outageTurns(t, outageRun{hold: time.Second, down: 4 * time.Second, turns: 3})
 	answered := 0
-	for _, rec := range o.brainLog() {
+	for _, rec := range brainLog(o.s) {
 		if rec.Msg == "turn answered" && o.keys[rec.Key] {
 			answered++
 			if rec.Delivered < 2 {
@@ -118,7 +110,7 @@ func TestStoppingReplicaHandsBackItsHeldTurns(t *testing.T) {
 		}
 	}
 	byReplica := map[string]int{}
-	for _, rec := range o.brainLog() {
+	for _, rec := range brainLog(o.s) {
 		if rec.Msg == "turn answered" && o.keys[rec.Key] {
 			byReplica[rec.Replica]++
 		}
@@ -143,6 +135,8 @@ type outageRun struct {
 	turns   int           // submitted once it is down
 	ackWait time.Duration // the turn consumer's (the harness's if 0)
 	second  bool          // a second replica, dbback-2, from the start
+	// turnWait is the edge's EDGE_TURN_WAIT (2 s if 0).
+	turnWait time.Duration
 	// midway, if not nil, runs halfway through the outage, with a function
 	// that stops the first replica.
 	midway func(stopFirst func())
@@ -154,25 +148,8 @@ type outageRun struct {
 // after r.down. It returns once every turn was answered 200 (or fails the
 // test), and checks each was decided once.
 func outageTurns(t *testing.T, r outageRun) *dbOutage {
-	pg := testdb.PrivateCluster(t)
-	s := newSystemAt(t, pg.AdminURL(), func(c *devstack.Config) {
-		if r.ackWait > 0 {
-			c.Streams.AckWait = r.ackWait
-		}
-	})
-	tn := s.tenant(spec("dbback"))
-	hold := func(c *brain.Config) { c.TurnHold = r.hold }
-	stopFirst := s.startBrain("dbback-1", hold)
-	if r.second {
-		s.startBrain("dbback-2", hold)
-	}
-	e := s.startEdge(tn, func(c *edge.Config) { c.TurnWait = 2 * time.Second })
-	e.submit(quoteEmail("<dbback-warm@customer.example>")).reply(t) // pools and statements warm
-
-	ctx := context.Background()
-	if err := pg.Crash(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := crashUnder(t, r)
+	s, e := c.s, c.e
 	o := &dbOutage{s: s, down: time.Now(), keys: map[string]bool{}, answered: map[string]time.Time{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -204,21 +181,60 @@ func outageTurns(t *testing.T, r outageRun) *dbOutage {
 	}
 	if r.midway != nil {
 		time.Sleep(r.down / 2)
-		r.midway(stopFirst)
+		r.midway(c.stopFirst)
 	}
 	time.Sleep(r.down - time.Since(o.down))
-	if _, err := localpg.Ensure(ctx, localpg.Config{Dir: pg.Dir, Port: pg.Port}); err != nil {
-		t.Fatal(err)
-	}
+	c.restart(t)
 	o.up = time.Now()
 	wg.Wait()
 	if len(o.answered) != r.turns {
 		t.Fatalf("%d of %d turns answered", len(o.answered), r.turns)
 	}
-	if c := count(t, s.tenantDB(tn), `SELECT count(*) FROM decisions`); c != r.turns+1 {
-		t.Errorf("%d decisions, want %d", c, r.turns+1)
+	if n := count(t, s.tenantDB(c.tn), `SELECT count(*) FROM decisions`); n != r.turns+1 {
+		t.Errorf("%d decisions, want %d", n, r.turns+1)
 	}
 	return o
+}
+
+// crashed is a stack whose tenant database cluster crashUnder crashed.
+type crashed struct {
+	pg        *localpg.Instance
+	s         *system
+	tn        *devstack.Tenant
+	e         *edgeClient
+	stopFirst func() // stops the first brain replica
+}
+
+// crashUnder starts the stack of an outageRun (a brain replica, two with
+// r.second, and an edge, on a Postgres cluster of the test's own), warms it
+// with one turn, then crashes the cluster.
+func crashUnder(t *testing.T, r outageRun) *crashed {
+	pg := testdb.PrivateCluster(t)
+	s := newSystemAt(t, pg.AdminURL(), func(c *devstack.Config) {
+		if r.ackWait > 0 {
+			c.Streams.AckWait = r.ackWait
+		}
+	})
+	tn := s.tenant(spec("dbback"))
+	hold := func(c *brain.Config) { c.TurnHold = r.hold }
+	stopFirst := s.startBrain("dbback-1", hold)
+	if r.second {
+		s.startBrain("dbback-2", hold)
+	}
+	wait := cmp.Or(r.turnWait, 2*time.Second)
+	e := s.startEdge(tn, func(c *edge.Config) { c.TurnWait = wait })
+	e.submit(quoteEmail("<dbback-warm@customer.example>")).reply(t) // pools and statements warm
+	if err := pg.Crash(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return &crashed{pg: pg, s: s, tn: tn, e: e, stopFirst: stopFirst}
+}
+
+// restart starts the crashed cluster again, on its folder and port.
+func (c *crashed) restart(t *testing.T) {
+	if _, err := localpg.Ensure(context.Background(), localpg.Config{Dir: c.pg.Dir, Port: c.pg.Port}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // logRecord is what the tests read of a brain's log line.
@@ -231,10 +247,10 @@ type logRecord struct {
 	Replica   string `json:"replica"`
 }
 
-// brainLog is every line the brain logged.
-func (o *dbOutage) brainLog() []logRecord {
+// brainLog is every line the system's brains logged.
+func brainLog(s *system) []logRecord {
 	var out []logRecord
-	for line := range strings.Lines(o.s.logs.String()) {
+	for line := range strings.Lines(s.logs.String()) {
 		var rec logRecord
 		if json.Unmarshal([]byte(line), &rec) == nil && rec.Component == "brain" {
 			out = append(out, rec)
@@ -243,22 +259,24 @@ func (o *dbOutage) brainLog() []logRecord {
 	return out
 }
 
+// brainLines counts the lines msg that the system's brains logged.
+func brainLines(s *system, msg string) int {
+	n := 0
+	for _, rec := range brainLog(s) {
+		if rec.Msg == msg {
+			n++
+		}
+	}
+	return n
+}
+
 // A database that comes back refusing the tenant's role (pg_hba.conf now
 // rejects it) has answered: the held turn meets the refusal at once and is
 // answered 503 naming it, not held for TurnHold and answered 202.
 func TestHeldTurnsMeetTheDatabasesRefusal(t *testing.T) {
 	t.Parallel()
-	pg := testdb.PrivateCluster(t)
-	s := newSystemAt(t, pg.AdminURL(), nil)
-	tn := s.tenant(spec("dbrefuse"))
-	s.startBrain("dbrefuse-1", nil)
-	e := s.startEdge(tn, func(c *edge.Config) { c.TurnWait = 10 * time.Second })
-	e.submit(quoteEmail("<dbrefuse-warm@customer.example>")).reply(t)
-
-	ctx := context.Background()
-	if err := pg.Crash(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := crashUnder(t, outageRun{turnWait: 10 * time.Second})
+	pg, tn, e := c.pg, c.tn, c.e
 	res := make(chan response, 1)
 	go func() {
 		r, err := e.trySubmit(quoteEmail("<dbrefuse-1@customer.example>"))
@@ -277,9 +295,7 @@ func TestHeldTurnsMeetTheDatabasesRefusal(t *testing.T) {
 	if err := os.WriteFile(hba, append([]byte(reject), b...), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := localpg.Ensure(ctx, localpg.Config{Dir: pg.Dir, Port: pg.Port}); err != nil {
-		t.Fatal(err)
-	}
+	c.restart(t)
 	up := time.Now()
 	r := <-res
 	if took := time.Since(up); took > 5*time.Second {
@@ -302,15 +318,6 @@ func TestRegistryListenerCutSaysSoOnce(t *testing.T) {
 	ea.submit(quoteEmail("<listen-warm@customer.example>")).reply(t)
 	ctx := context.Background()
 	admin := s.adminConn("postgres")
-	lines := func(msg string) int {
-		n := 0
-		for line := range strings.Lines(s.logs.String()) {
-			if strings.Contains(line, `"msg":"`+msg+`"`) && strings.Contains(line, `"replica":"listen-1"`) {
-				n++
-			}
-		}
-		return n
-	}
 	for cut := 1; cut <= 3; cut++ {
 		var killed int
 		if err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -320,8 +327,8 @@ func TestRegistryListenerCutSaysSoOnce(t *testing.T) {
 		if killed != 1 {
 			t.Fatalf("cut %d: %d listening sessions terminated, want 1", cut, killed)
 		}
-		eventually(t, 20*time.Second, "the listener back", func() bool { return lines("registry listener back") == cut })
-		if n := lines("registry listener lost; reconnecting"); n != cut {
+		eventually(t, 20*time.Second, "the listener back", func() bool { return brainLines(s, "registry listener back") == cut })
+		if n := brainLines(s, "registry listener lost; reconnecting"); n != cut {
 			t.Fatalf("after %d cuts, %d warnings that the listener is lost", cut, n)
 		}
 	}
