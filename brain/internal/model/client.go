@@ -363,45 +363,10 @@ func (c *Client) Ping(ctx context.Context) (string, error) {
 func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 	var resp Response
 	for try := 1; ; try++ {
-		if err := c.slots.Acquire(ctx, string(req.Tenant)); err != nil {
-			return resp, fmt.Errorf("model call: waiting for a free slot: %w", err)
+		got, call, retry, err := c.attempt(ctx, req, try)
+		if call.Outcome == "" && err != nil {
+			return resp, err // no call made: no slot, or a breaker open
 		}
-		done, err := c.breaker.Allow()
-		if err != nil {
-			c.slots.Release()
-			return resp, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
-		}
-		tenantDone := func(Result) {}
-		if tb := c.tenantBreaker(req.Tenant); tb != nil {
-			if tenantDone, err = tb.Allow(); err != nil {
-				done(ResultIgnore)
-				c.slots.Release()
-				return resp, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
-			}
-		}
-		got, call, res, retry, err := c.once(ctx, req)
-		tenantRes := ResultIgnore // the tenant's breaker counts only its answers
-		if err == nil {
-			tenantRes = ResultSuccess
-		}
-		if err == nil && req.Check != nil && !req.Check(got.Message.Content, got.DoneReason) {
-			call.Outcome = OutcomeInvalidOutput
-			// An answer cut off at num_predict is the server doing as it was
-			// told (an e-mail can ask for a reply longer than the cap); any
-			// other unusable answer from a server that is meant to follow
-			// the JSON schema means the server or model is broken, or the
-			// tenant's content broke it: its own breaker when it has one.
-			if got.DoneReason != "length" {
-				if req.Tenant != "" {
-					tenantRes = ResultFailure
-				} else {
-					res = ResultFailure
-				}
-			}
-		}
-		done(res)
-		tenantDone(tenantRes)
-		c.slots.Release()
 		resp.Calls = append(resp.Calls, call)
 		if err == nil {
 			resp.Content, resp.DoneReason = got.Message.Content, got.DoneReason
@@ -429,6 +394,51 @@ func (c *Client) Chat(ctx context.Context, req Request) (Response, error) {
 		case <-t.C:
 		}
 	}
+}
+
+// attempt makes try's call with a slot and the breakers' leave, and gives
+// both back whatever happens, a panic in req.Check included: the turn's
+// caller recovers it, and a slot kept would be lost to every later turn.
+// A call refused before it is made has an empty Outcome.
+func (c *Client) attempt(ctx context.Context, req Request, try int) (got *api.ChatResponse, call Call, retry bool, err error) {
+	if err := c.slots.Acquire(ctx, string(req.Tenant)); err != nil {
+		return nil, call, false, fmt.Errorf("model call: waiting for a free slot: %w", err)
+	}
+	defer c.slots.Release()
+	done, err := c.breaker.Allow()
+	if err != nil {
+		return nil, call, false, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
+	}
+	res := ResultIgnore
+	defer func() { done(res) }()
+	tenantDone := func(Result) {}
+	if tb := c.tenantBreaker(req.Tenant); tb != nil {
+		if tenantDone, err = tb.Allow(); err != nil {
+			return nil, call, false, &Error{Kind: KindBreakerOpen, Attempts: try - 1}
+		}
+	}
+	tenantRes := ResultIgnore // the tenant's breaker counts only its answers
+	defer func() { tenantDone(tenantRes) }()
+	got, call, res, retry, err = c.once(ctx, req)
+	if err == nil {
+		tenantRes = ResultSuccess
+	}
+	if err == nil && req.Check != nil && !req.Check(got.Message.Content, got.DoneReason) {
+		call.Outcome = OutcomeInvalidOutput
+		// An answer cut off at num_predict is the server doing as it was
+		// told (an e-mail can ask for a reply longer than the cap); any
+		// other unusable answer from a server that is meant to follow
+		// the JSON schema means the server or model is broken, or the
+		// tenant's content broke it: its own breaker when it has one.
+		if got.DoneReason != "length" {
+			if req.Tenant != "" {
+				tenantRes = ResultFailure
+			} else {
+				res = ResultFailure
+			}
+		}
+	}
+	return got, call, retry, err
 }
 
 // once makes one HTTP call and classifies its failure: the ledger outcome,

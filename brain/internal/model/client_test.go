@@ -481,6 +481,40 @@ func TestChatTenantsUnusableAnswersOpenOnlyTheirBreaker(t *testing.T) {
 	}
 }
 
+// A panic in a request's Check (the turn's caller recovers it: brain.process)
+// gives back the call's slot: with one slot, a call after three such
+// panics still goes through rather than waiting forever for it.
+func TestChatPanicInCheckGivesTheSlotBack(t *testing.T) {
+	t.Parallel()
+	f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply { return ollamafake.Reply{Content: `{}`} })
+	c := newClient(t, f.URL(), func(c *Config) { c.MaxConcurrent = 1 })
+	poison := chatReq
+	poison.Tenant = "b"
+	poison.Check = func(string, string) bool { panic("a bug in the caller's check") }
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for i := range 3 {
+		func() {
+			defer func() {
+				if r := recover(); r == nil {
+					t.Fatalf("call %d: Check's panic did not reach the caller", i)
+				}
+			}()
+			if _, err := c.Chat(ctx, poison); err != nil {
+				t.Fatalf("call %d: %v; want Check's panic (the slot was not given back)", i, err)
+			}
+		}()
+	}
+	clean := chatReq
+	clean.Tenant = "b"
+	if resp, err := c.Chat(ctx, clean); err != nil || resp.Content != `{}` {
+		t.Fatalf("a call after three panics: %+v %v; want the answer", resp, err)
+	}
+	if c.BreakerState() != BreakerClosed || len(c.TenantBreakersOpen()) != 0 {
+		t.Fatalf("breakers after the panics: shared %s, tenants open %v; want all closed", c.BreakerState(), c.TenantBreakersOpen())
+	}
+}
+
 func TestSameModel(t *testing.T) {
 	for _, tc := range []struct {
 		asked, got string
