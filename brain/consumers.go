@@ -43,6 +43,8 @@ const (
 	// shared/reference/nats-multitenant, B).
 	pullExpiry    = 5 * time.Minute
 	pullHeartbeat = 30 * time.Second
+	// haltTimeout bounds the wait for stopped pulls to unsubscribe (halt).
+	haltTimeout = 2 * time.Second
 	// missingRetry is how often a tenant without a consumer is looked for.
 	missingRetry = 10 * time.Second
 	// reconcileEvery is how often the running consumers are compared with
@@ -214,7 +216,7 @@ func (c *consumers) stop(acc string) {
 	if tc == nil {
 		return
 	}
-	tc.cc.Stop()
+	c.halt(tc.cc)
 	for _, q := range c.sched.Remove(acc) {
 		_ = q.m.Nak()
 	}
@@ -243,6 +245,30 @@ func (c *consumers) restart(acc string, tc *tenantConsumer) {
 	}
 }
 
+// halt stops consuming with ccs and returns once the server knows their
+// pulls are gone, so that a turn handed back after it (a NAK) is delivered
+// to another replica. nats.go unsubscribes a stopped pull on a goroutine of
+// its own: a NAK sent before that reached the server could be delivered to
+// the dead pull, and the turn would wait out its ack wait.
+func (c *consumers) halt(ccs ...jetstream.ConsumeContext) {
+	for _, cc := range ccs {
+		cc.Stop()
+	}
+	timeout := time.NewTimer(haltTimeout)
+	defer timeout.Stop()
+	for _, cc := range ccs {
+		select {
+		case <-cc.Closed():
+		case <-timeout.C:
+			c.log.Warn("a stopped turn pull did not unsubscribe in time; a turn handed back may wait out its ack wait",
+				"timeout", haltTimeout.String())
+			return
+		}
+	}
+	// The server has read the unsubscriptions once it answers a ping sent after them.
+	_ = c.js.Conn().FlushTimeout(haltTimeout)
+}
+
 // stopAll stops every consumer and drains every API subscription: no new
 // turn or call is taken, the calls already received are still queued.
 func (c *consumers) stopAll() {
@@ -250,9 +276,11 @@ func (c *consumers) stopAll() {
 	running, subs := c.running, c.apiSubs
 	c.running, c.apiSubs = map[string]*tenantConsumer{}, map[string]*tenantAPI{}
 	c.mu.Unlock()
+	ccs := make([]jetstream.ConsumeContext, 0, len(running))
 	for _, tc := range running {
-		tc.cc.Stop()
+		ccs = append(ccs, tc.cc)
 	}
+	c.halt(ccs...)
 	for _, sub := range subs {
 		_ = sub.close(true)
 	}
