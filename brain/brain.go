@@ -160,16 +160,23 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	consumersDone := make(chan struct{})
 	b.consumers.reconcile(ctx, dir.Tenants())
 	go func() { defer close(consumersDone); b.consumers.run(consumeCtx, dir.Tenants) }()
+	// handBack stops taking turns and sends those this replica has not
+	// started back to JetStream at once (another replica takes them):
+	// held turns first, since a probe that found its database back pushes
+	// them to the queue, which is handed back next.
+	handBack := func() {
+		stopConsuming()
+		<-consumersDone
+		for _, q := range append(b.held.close(), b.sched.Close()...) {
+			_ = q.m.Nak()
+		}
+	}
 	wg.Go(func() { b.heartbeatQueued(runCtx) })
 	var ops *http.Server
 	if ln := cfg.OpsListener; ln != nil || cfg.OpsAddr != "" {
 		if ln == nil {
 			if ln, err = net.Listen("tcp", cfg.OpsAddr); err != nil {
-				stopConsuming()
-				<-consumersDone
-				for _, q := range b.sched.Close() {
-					_ = q.m.Nak()
-				}
+				handBack()
 				waitWorkers()
 				return fmt.Errorf("listen on BRAIN_OPS_ADDR: %w", err)
 			}
@@ -195,15 +202,8 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		stopErr = apiWatch.ClosedError()
 		log.Error("brain replica stopping: its NATS connection for the tenant API is closed for good", "error", stopErr)
 	}
-	// No new turns; turns queued here go back to JetStream at once (another
-	// replica takes them); turns being decided finish, within the grace.
-	stopConsuming()
-	<-consumersDone
-	// Held turns first: a probe that found its database back pushes them
-	// to the queue, which is handed back next.
-	for _, q := range append(b.held.close(), b.sched.Close()...) {
-		_ = q.m.Nak()
-	}
+	// No new turns; turns being decided finish, within the grace.
+	handBack()
 	b.waitInflight(cfg.ShutdownGrace, waitWorkers)
 	if ops != nil {
 		_ = ops.Close()

@@ -81,9 +81,10 @@ func (b *brain) turnWorkers(ctx context.Context) (stop func()) {
 }
 
 // heartbeatQueued tells JetStream, beatsPerAckWait times per shortest ack
-// wait, that turns waiting in this replica's queue are alive, so a short ack wait
-// (fast redelivery after a dead replica) never redelivers a turn that is
-// merely queued behind others.
+// wait, that turns waiting in this replica's queue or held (held.go) are
+// alive, so a short ack wait (fast redelivery after a dead replica) never
+// redelivers a turn that is merely queued behind others, or waiting for its
+// database.
 func (b *brain) heartbeatQueued(ctx context.Context) {
 	t := time.NewTicker(b.consumers.minAckWait() / beatsPerAckWait)
 	defer t.Stop()
@@ -94,6 +95,7 @@ func (b *brain) heartbeatQueued(ctx context.Context) {
 		case <-t.C:
 		}
 		b.sched.Each(func(_ string, q queued) { _ = q.m.InProgress() })
+		b.held.each(func(q queued) { _ = q.m.InProgress() })
 		t.Reset(b.consumers.minAckWait() / beatsPerAckWait)
 	}
 }

@@ -96,9 +96,9 @@ func (h *held) addLocked(t *registry.Tenant, q queued) bool {
 	return true
 }
 
-// probe asks the tenant's database until it answers, keeps the held turns
-// alive meanwhile (as heartbeatQueued does for queued ones), sends back to
-// JetStream those held for Config.TurnHold, and then gives the rest to the workers.
+// probe asks the tenant's database until it answers, sends back to
+// JetStream the turns held for Config.TurnHold meanwhile, and then gives
+// the rest to the workers (heartbeatQueued keeps them alive until then).
 func (h *held) probe(ctx context.Context, account string, ht *heldTenant) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = probeFirst, probeEvery, 0
@@ -109,33 +109,17 @@ func (h *held) probe(ctx context.Context, account string, ht *heldTenant) {
 			return // close sends the held turns back
 		case <-time.After(bo.NextBackOff()):
 		}
-		// Alive, every second or sooner: more often than any ack wait
-		// allows a turn to be silent, though a probe may take probeTimeout.
-		h.mu.Lock()
-		for _, x := range ht.turns {
-			_ = x.q.m.InProgress()
+		down, answer := h.ask(ctx, account)
+		if ctx.Err() != nil {
+			return // the replica stops: not an answer
 		}
-		h.mu.Unlock()
-		// The registry's latest word on the tenant: an operator may have
-		// moved its database meanwhile.
-		t := ht.t
-		if cur, ok := h.b.dir.ByAccount(account); ok {
-			t = cur
-		}
-		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		err := h.b.dir.Visit(pctx, t, func(p *pgxpool.Pool) error { return p.Ping(pctx) })
-		cancel()
 		now := time.Now()
 		h.mu.Lock()
 		if h.closed {
 			h.mu.Unlock()
 			return
 		}
-		turns := ht.turns
-		// Only a database that still does not answer keeps them: one that
-		// answers with a refusal (its role's password changed, say) is the
-		// turns' to meet and report, as they would without the hold.
-		if err != nil && unreachable(err) {
+		if down {
 			// Held long enough: back to JetStream, as a failed turn was before.
 			ht.turns = slices.DeleteFunc(ht.turns, func(x heldTurn) bool {
 				if now.Before(x.until) {
@@ -149,28 +133,51 @@ func (h *held) probe(ctx context.Context, account string, ht *heldTenant) {
 				return true
 			})
 			h.mu.Unlock()
-			h.b.log.Debug("tenant database still does not answer", "tenant_id", string(t.ID), "error", err)
+			h.b.log.Debug("tenant database still does not answer", "tenant_id", string(ht.t.ID), "error", answer)
 			continue
 		}
+		turns := ht.turns
 		delete(h.tenants, account)
 		ht.turns = nil
-		h.mu.Unlock()
-		h.b.log.Info("tenant database answers again; its held turns resume", "tenant_id", string(t.ID),
-			"held_turns", len(turns), "after_ms", now.Sub(ht.since).Milliseconds(), "answer", probeAnswer(err))
+		// Pushed before the lock is let go: close, which takes it, then
+		// finds them in the queue it hands back (sched.Close after it).
 		for _, x := range turns {
 			x.q.at = now
 			h.b.sched.Push(account, x.q)
 		}
+		h.mu.Unlock()
+		h.b.log.Info("tenant database answers again; its held turns resume", "tenant_id", string(ht.t.ID),
+			"held_turns", len(turns), "after_ms", now.Sub(ht.since).Milliseconds(), "answer", answer)
 		return
 	}
 }
 
-// probeAnswer is what the database answered the probe that ended a hold.
-func probeAnswer(err error) string {
-	if err == nil {
-		return "ok"
+// ask pings the tenant's database as the registry now has it (an operator
+// may have moved it meanwhile). It reports whether the database still does
+// not answer, and else what ended the hold: an answer, a refusal (its role's
+// password changed, say: the turns' to meet and report, as they would
+// without the hold), or the tenant gone from the registry or disabled (the
+// workers refuse its turns).
+func (h *held) ask(ctx context.Context, account string) (down bool, answer string) {
+	t, ok := h.b.dir.ByAccount(account)
+	switch {
+	case !ok:
+		return false, "the tenant is no longer in the registry"
+	case t.Status != registry.TenantStatusActive:
+		return false, "the tenant is disabled"
 	}
-	return "a refusal: " + err.Error()
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	err := h.b.dir.Visit(pctx, t, func(p *pgxpool.Pool) error { return p.Ping(pctx) })
+	switch {
+	case err == nil:
+		return false, "ok"
+	case unreachable(err) || pctx.Err() != nil:
+		// Its own deadline too: a host that drops packets answers nothing
+		// within probeTimeout, and pgx then says only that time ran out.
+		return true, err.Error()
+	}
+	return false, "a refusal: " + err.Error()
 }
 
 // close ends the holding (a probe ends at its next try, or when the
@@ -184,10 +191,23 @@ func (h *held) close() []queued {
 		for _, x := range ht.turns {
 			out = append(out, x.q)
 		}
+		ht.turns = nil
 		delete(h.tenants, acc)
 	}
 	h.mu.Unlock()
 	return out
+}
+
+// each calls fn for every held turn, with the holding locked: fn must not
+// block (heartbeatQueued tells JetStream with it that they are alive).
+func (h *held) each(fn func(q queued)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, ht := range h.tenants {
+		for _, x := range ht.turns {
+			fn(x.q)
+		}
+	}
 }
 
 // counts is how many turns each held tenant has held here, by account.

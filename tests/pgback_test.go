@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -245,6 +247,7 @@ type logRecord struct {
 	Delivered int    `json:"delivered"`
 	Held      int    `json:"held_turns"`
 	Replica   string `json:"replica"`
+	Answer    string `json:"answer"`
 }
 
 // brainLog is every line the system's brains logged.
@@ -303,6 +306,76 @@ func TestHeldTurnsMeetTheDatabasesRefusal(t *testing.T) {
 	}
 	if er := r.error(t, http.StatusServiceUnavailable); er.Reason != wire.ReasonTenantDatabaseLogin {
 		t.Errorf("reason %q, want %q", er.Reason, wire.ReasonTenantDatabaseLogin)
+	}
+}
+
+// A database host that answers nothing (a firewall dropping its packets:
+// here a listener on the database's port that takes connections and never
+// speaks) holds the turns like a database that is down: the probe's own
+// deadline, which ends before the connect timeout, is no answer. The turn
+// is decided on its first delivery once the database is back, and the
+// hold ends once, on the database's answer.
+func TestHeldTurnsWaitOutAHostThatAnswersNothing(t *testing.T) {
+	t.Parallel()
+	// An ack wait shorter than a probe, which waits out its deadline here:
+	// the held turn is kept alive all the same, and not redelivered.
+	c := crashUnder(t, outageRun{ackWait: time.Second})
+	tarpit, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.pg.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			conn, err := tarpit.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+		}
+	}()
+	req := quoteEmail("<dbtarpit-1@customer.example>")
+	key := subjects.TurnKey(req.WorkItemID, 1)
+	answered := make(chan response, 1)
+	go func() {
+		for {
+			r, err := c.e.trySubmit(req)
+			if err != nil {
+				t.Error(err)
+			}
+			if err != nil || r.Status != http.StatusAccepted {
+				answered <- r
+				return
+			}
+		}
+	}()
+	// Past the turn's connect timeout (5 s) and two probes' deadlines (2 s).
+	time.Sleep(10 * time.Second)
+	_ = tarpit.Close()
+	mu.Lock()
+	for _, conn := range conns {
+		_ = conn.Close()
+	}
+	t.Logf("the host took %d connections and answered none", len(conns))
+	mu.Unlock()
+	c.restart(t)
+	if r := <-answered; r.Status != http.StatusOK {
+		t.Fatalf("%d %s, want 200", r.Status, r.Body)
+	}
+	var resumed []string
+	for _, rec := range brainLog(c.s) {
+		switch {
+		case rec.Msg == "tenant database answers again; its held turns resume":
+			resumed = append(resumed, rec.Answer)
+		case rec.Msg == "turn answered" && rec.Key == key && rec.Delivered != 1:
+			t.Errorf("answered on delivery %d, not its first", rec.Delivered)
+		}
+	}
+	if len(resumed) != 1 || resumed[0] != "ok" {
+		t.Errorf("the hold ended %d times, on %q; want once, on the database's answer (ok)", len(resumed), resumed)
 	}
 }
 
