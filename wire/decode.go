@@ -54,13 +54,19 @@ func (e *DecodeError) Error() string {
 // numbers out of range or with a fraction for an integer, values a type's own
 // decoder refuses (a time that is not RFC 3339), trailing data after the
 // document, invalid UTF-8 and lone UTF-16 surrogate escapes ("\ud800"), which
-// encoding/json would silently turn into U+FFFD. Every rejection is a
-// *DecodeError, and v may then be partly filled.
+// encoding/json would silently turn into U+FFFD, a value other than a
+// string for a type that decodes itself from text (uuid.UUID, netip.Addr),
+// a quoted json.Number. Every rejection is a *DecodeError, and v may then be
+// partly filled. A struct that embeds another without naming it in a json
+// tag is refused as unsupported (encoding/json promotes the embedded
+// fields; this decoder does not).
 //
 // What it accepts, it stores as encoding/json would, in the same pass over
 // the bytes (FuzzScannerMatchesTheTokenWalk compares the two).
 //
-// v must be a pointer to a struct whose fields carry json tags.
+// v must be a pointer to a struct whose fields carry json tags, holding its
+// zero value: unlike encoding/json, elements already in a slice are zeroed
+// before they are decoded into, not merged with.
 func Decode(data []byte, v any) error {
 	err := decode(data, v)
 	var de *DecodeError
@@ -91,6 +97,7 @@ const maxDepth = 10000
 
 var (
 	rawMessageType      = reflect.TypeFor[json.RawMessage]()
+	numberType          = reflect.TypeFor[json.Number]()
 	unmarshalerType     = reflect.TypeFor[json.Unmarshaler]()
 	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
 	timeType            = reflect.TypeFor[time.Time]()
@@ -99,12 +106,16 @@ var (
 // typeInfo is what the scanner needs of a Go type, worked out once.
 type typeInfo struct {
 	unmarshaler bool // *T decodes itself (time.Time, …)
-	// standard: the value is checked by the scanner and filled by
-	// encoding/json, whose rules for it the scanner does not repeat: a type
-	// that decodes itself from text (encoding.TextUnmarshaler), a map keyed
-	// by one.
+	// text: *T decodes itself from text (encoding.TextUnmarshaler): the
+	// value must be a string, which encoding/json then gives the method.
+	text bool
+	// standard: a map keyed by such a type, checked by the scanner and
+	// filled by encoding/json, whose rules for its keys the scanner does
+	// not repeat.
 	standard bool
 	fields   map[string]fieldInfo // a struct's fields by exact json name
+	// unsupported says why the decoder refuses the type (an embedded struct).
+	unsupported string
 }
 
 type fieldInfo struct {
@@ -120,18 +131,25 @@ func infoOf(t reflect.Type) *typeInfo {
 	}
 	pt := reflect.PointerTo(t)
 	ti := &typeInfo{unmarshaler: pt.Implements(unmarshalerType)}
-	ti.standard = !ti.unmarshaler && pt.Implements(textUnmarshalerType)
+	ti.text = !ti.unmarshaler && pt.Implements(textUnmarshalerType)
 	switch t.Kind() {
 	case reflect.Map:
-		ti.standard = ti.standard || reflect.PointerTo(t.Key()).Implements(textUnmarshalerType)
+		ti.standard = !ti.unmarshaler && !ti.text && reflect.PointerTo(t.Key()).Implements(textUnmarshalerType)
 	case reflect.Struct:
 		ti.fields = map[string]fieldInfo{}
 		for i := 0; i < t.NumField(); i++ {
 			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if f.Anonymous && name == "" && ft.Kind() == reflect.Struct {
+				ti.unsupported = "it embeds " + f.Type.String() + " without a json name"
+			}
 			if !f.IsExported() {
 				continue
 			}
-			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 			if name == "-" {
 				continue
 			}
@@ -241,7 +259,7 @@ func (s *scanner) value(v reflect.Value, t reflect.Type, p *path) error {
 		return err
 	}
 	c := s.data[s.pos]
-	if c == 'n' {
+	if c == 'n' && !decodesNull(t) {
 		if err := s.literal(p, "null"); err != nil {
 			return err
 		}
@@ -274,6 +292,9 @@ func (s *scanner) value(v reflect.Value, t reflect.Type, p *path) error {
 		return s.standard(v, from, p)
 	}
 	ti := infoOf(t)
+	if ti.unsupported != "" {
+		return &DecodeError{Field: p.String(), Problem: "unsupported type " + t.String() + ": " + ti.unsupported}
+	}
 	// Types with their own decoding (time.Time, …) are walked for duplicate
 	// keys, then decoded on their own, so that what they refuse is reported
 	// with its field.
@@ -292,7 +313,22 @@ func (s *scanner) value(v reflect.Value, t reflect.Type, p *path) error {
 		}
 		return nil
 	}
-	if ti.standard && v.IsValid() {
+	switch {
+	case ti.text:
+		if c != '"' {
+			return s.typeError(p, "a string")
+		}
+		if _, err := s.str(p, false); err != nil || !v.IsValid() {
+			return err
+		}
+		return s.standard(v, from, p)
+	case t == numberType:
+		n, err := s.numberOr(p, "a number")
+		if err == nil && v.IsValid() {
+			v.SetString(string(n))
+		}
+		return err
+	case ti.standard && v.IsValid():
 		if err := s.value(reflect.Value{}, t, p); err != nil {
 			return err
 		}
@@ -443,6 +479,13 @@ func (s *scanner) value(v reflect.Value, t reflect.Type, p *path) error {
 		return nil
 	}
 	return &DecodeError{Field: p.String(), Problem: "unsupported type " + t.String()}
+}
+
+// decodesNull reports whether t, a slice or map that may be null, decodes
+// null with its own method, which encoding/json calls for it.
+func decodesNull(t reflect.Type) bool {
+	k := t.Kind()
+	return (k == reflect.Slice || k == reflect.Map) && t != rawMessageType && infoOf(t).unmarshaler
 }
 
 // standard fills v with encoding/json from the value the scanner checked,

@@ -3,8 +3,12 @@ package wire
 import (
 	"encoding/json"
 	"errors"
+	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/google/uuid"
 )
 
 func TestDecodeTurnSubmitRequest(t *testing.T) {
@@ -167,7 +171,8 @@ func FuzzDecodeTurnSubmitRequest(f *testing.F) {
 	})
 }
 
-// shouted decodes itself from text, as a uuid.UUID or a netip.Addr does.
+// shouted decodes itself from text, as a uuid.UUID or a netip.Addr does
+// (TestDecodeTextUnmarshalerOfAnyKind).
 type shouted string
 
 func (s *shouted) UnmarshalText(b []byte) error {
@@ -202,6 +207,118 @@ func TestDecodeTextUnmarshaler(t *testing.T) {
 	}
 	if err := Decode([]byte(`{"name":5}`), &doc{}); !errors.As(err, &de) || de.Field != "name" {
 		t.Fatalf("a number for a text type: %v", err)
+	}
+}
+
+// A type that decodes itself from text is given the string whatever its
+// own kind: a uuid.UUID is an array of 16 bytes, a netip.Addr a struct.
+func TestDecodeTextUnmarshalerOfAnyKind(t *testing.T) {
+	t.Parallel()
+	type doc struct {
+		ID   uuid.UUID  `json:"id"`
+		Addr netip.Addr `json:"addr"`
+	}
+	const in = `{"id":"6ba7b810-9dad-11d1-80b4-00c04fd430c8","addr":"192.0.2.1"}`
+	var got, want doc
+	if err := Decode([]byte(in), &got); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(in), &want); err != nil {
+		t.Fatal(err)
+	}
+	if got != want || got.ID == (uuid.UUID{}) {
+		t.Fatalf("decoded %+v, encoding/json %+v", got, want)
+	}
+	var de *DecodeError
+	for in, field := range map[string]string{
+		`{"id":"not-a-uuid"}`:  "id",
+		`{"id":[1,2]}`:         "id",
+		`{"addr":{}}`:          "addr",
+		`{"addr":"300.1.1.1"}`: "addr",
+	} {
+		if err := Decode([]byte(in), &doc{}); !errors.As(err, &de) || de.Field != field {
+			t.Errorf("%s: %v; want a DecodeError at %s", in, err, field)
+		}
+	}
+}
+
+// A json.Number takes a number literal, checked as any number is, and
+// keeps it as sent; a string is not a number.
+func TestDecodeNumber(t *testing.T) {
+	t.Parallel()
+	type doc struct {
+		N json.Number `json:"n"`
+	}
+	var d doc
+	if err := Decode([]byte(`{"n":-12.5e3}`), &d); err != nil || d.N != "-12.5e3" {
+		t.Fatalf("decoded %+v, %v", d, err)
+	}
+	var de *DecodeError
+	for _, in := range []string{`{"n":"12"}`, `{"n":"x"}`, `{"n":1.}`, `{"n":true}`} {
+		if err := Decode([]byte(in), &doc{}); !errors.As(err, &de) || de.Field != "n" && de.Field != "" {
+			t.Errorf("%s: %v; want a DecodeError", in, err)
+		}
+	}
+}
+
+// nullAware decodes null with its own method, as encoding/json lets it.
+type nullAware []int
+
+func (n *nullAware) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*n = nullAware{-1}
+		return nil
+	}
+	var v []int
+	err := json.Unmarshal(b, &v)
+	*n = v
+	return err
+}
+
+// A slice or map type with its own UnmarshalJSON is given null too, as
+// encoding/json gives it; a pointer to one is still set to nil.
+func TestDecodeNullToUnmarshaler(t *testing.T) {
+	t.Parallel()
+	type doc struct {
+		N nullAware  `json:"n"`
+		P *nullAware `json:"p"`
+	}
+	const in = `{"n":null,"p":null}`
+	var got, want doc
+	if err := Decode([]byte(in), &got); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(in), &want); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) || len(got.N) != 1 || got.P != nil {
+		t.Fatalf("decoded %+v, encoding/json %+v", got, want)
+	}
+}
+
+// A struct embedding another without a json name is refused, naming the
+// type: encoding/json would promote the embedded fields, and this decoder
+// would otherwise read them as one field of the embedded type's name.
+func TestDecodeRefusesEmbeddedStructs(t *testing.T) {
+	t.Parallel()
+	type inner struct {
+		A string `json:"a"`
+	}
+	type outer struct {
+		inner
+		B string `json:"b"`
+	}
+	type named struct {
+		In inner `json:"in"`
+	}
+	var de *DecodeError
+	err := Decode([]byte(`{"a":"x","b":"y"}`), &outer{})
+	if !errors.As(err, &de) || !strings.HasPrefix(de.Problem, "unsupported type wire.outer") {
+		t.Fatalf("got %v; want the embedding refused", err)
+	}
+	var n named
+	if err := Decode([]byte(`{"in":{"a":"x"}}`), &n); err != nil || n.In.A != "x" {
+		t.Fatalf("a named struct field: %+v %v", n, err)
 	}
 }
 
