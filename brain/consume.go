@@ -155,8 +155,10 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 	default:
 		tl.attrs = append(tl.attrs, slog.String("tenant_id", string(t.ID)))
 		// The tenant's database is not answering: the turn waits with the
-		// others (held.go) rather than fail against it.
-		if b.held.join(t, q) {
+		// others (held.go) rather than fail against it, unless this is its
+		// last delivery, answered unavailable if it fails.
+		last := int(md.NumDelivered) >= b.cfg.MaxDeliveries
+		if !last && b.held.join(t, q) {
 			return
 		}
 		ans, err = b.process(ctx, t, q, turn.Message{Key: key, Seq: md.Sequence.Stream, StoredAt: md.Timestamp, Data: m.Data()})
@@ -164,14 +166,14 @@ func (b *brain) handleTurn(ctx context.Context, q queued) {
 			tl.at(slog.LevelWarn, "turn abandoned by a test hook", slog.Any("error", err))
 			return
 		}
-		if err != nil && unreachable(err) && b.held.hold(t, q) {
+		if err != nil && unreachable(err) && !last && b.held.hold(t, q) {
 			telemetry.End(span, err)
 			tl.at(slog.LevelDebug, "turn held: the tenant database does not answer", slog.Any("error", err))
 			return
 		}
 		if err != nil {
 			telemetry.End(span, err)
-			if int(md.NumDelivered) < b.cfg.MaxDeliveries {
+			if !last {
 				delay := redeliveryDelay(md.NumDelivered)
 				tl.at(slog.LevelWarn, "turn failed; will be retried", slog.Any("error", err), slog.String("retry_in", delay.String()))
 				b.inst.turnDone(tenant, OutcomeRetried, "transient")

@@ -23,7 +23,9 @@ import (
 //
 // A turn is held Config.TurnHold at most; then it goes back to JetStream
 // as before (redeliveryDelay), to be held again if the database is still
-// down when it returns.
+// down when it returns; its last delivery (Config.MaxDeliveries) is not
+// held but tried, and answered unavailable, so a caller hears of an outage
+// that outlasts its deliveries (about five minutes with the defaults).
 const (
 	// maxHolds bounds how often one delivery of a turn is held: a turn
 	// whose database answers the probe but fails it again goes back to

@@ -132,11 +132,12 @@ type dbOutage struct {
 
 // outageRun is an outage of the tenant's database under turns.
 type outageRun struct {
-	hold    time.Duration // the brain's TurnHold (its default if 0)
-	down    time.Duration // how long the database is down
-	turns   int           // submitted once it is down
-	ackWait time.Duration // the turn consumer's (the harness's if 0)
-	second  bool          // a second replica, dbback-2, from the start
+	hold          time.Duration // the brain's TurnHold (its default if 0)
+	maxDeliveries int           // the brain's MaxDeliveries (its default if 0)
+	down          time.Duration // how long the database is down
+	turns         int           // submitted once it is down
+	ackWait       time.Duration // the turn consumer's (the harness's if 0)
+	second        bool          // a second replica, dbback-2, from the start
 	// turnWait is the edge's EDGE_TURN_WAIT (2 s if 0).
 	turnWait time.Duration
 	// midway, if not nil, runs halfway through the outage, with a function
@@ -218,7 +219,7 @@ func crashUnder(t *testing.T, r outageRun) *crashed {
 		}
 	})
 	tn := s.tenant(spec("dbback"))
-	hold := func(c *brain.Config) { c.TurnHold = r.hold }
+	hold := func(c *brain.Config) { c.TurnHold, c.MaxDeliveries = r.hold, r.maxDeliveries }
 	stopFirst := s.startBrain("dbback-1", hold)
 	if r.second {
 		s.startBrain("dbback-2", hold)
@@ -306,6 +307,43 @@ func TestHeldTurnsMeetTheDatabasesRefusal(t *testing.T) {
 	}
 	if er := r.error(t, http.StatusServiceUnavailable); er.Reason != wire.ReasonTenantDatabaseLogin {
 		t.Errorf("reason %q, want %q", er.Reason, wire.ReasonTenantDatabaseLogin)
+	}
+}
+
+// Held turns spend a delivery each TurnHold, and their last one is not
+// held: it meets the database and is answered unavailable, so a caller
+// hears of an outage that outlasts them rather than waiting on 202s for as
+// long as the stream keeps the turn. Sent again once the database is back,
+// the same turn is decided (the edge re-drives an error reply).
+func TestHeldTurnsLastDeliveryIsAnsweredUnavailable(t *testing.T) {
+	t.Parallel()
+	c := crashUnder(t, outageRun{hold: time.Second, maxDeliveries: 2})
+	req := quoteEmail("<dblast-1@customer.example>")
+	start := time.Now()
+	var r response
+	for time.Since(start) < 30*time.Second {
+		var err error
+		if r, err = c.e.trySubmit(req); err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != http.StatusAccepted {
+			break
+		}
+	}
+	if er := r.error(t, http.StatusServiceUnavailable); er.Code != wire.CodeUnavailable {
+		t.Fatalf("code %q, want %q: %s", er.Code, wire.CodeUnavailable, r.Body)
+	}
+	t.Logf("answered unavailable after %.1fs of the outage", time.Since(start).Seconds())
+	if n := brainLines(c.s, "turn keeps failing; answered unavailable"); n != 1 {
+		t.Errorf("%d lines of a turn answered unavailable, want 1", n)
+	}
+	c.restart(t)
+	eventually(t, 20*time.Second, "the turn decided once the database is back", func() bool {
+		r, err := c.e.trySubmit(req)
+		return err == nil && r.Status == http.StatusOK
+	})
+	if n := count(t, c.s.tenantDB(c.tn), `SELECT count(*) FROM decisions`); n != 2 {
+		t.Errorf("%d decisions, want 2 (the warm-up turn's and this one's)", n)
 	}
 }
 
