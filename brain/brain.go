@@ -130,7 +130,8 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	eng := engine.New(m)
 	timers := timer.NewNext(timer.New(js))
-	fwd := outbox.New(outbox.Config{RetryBase: cfg.EventRetryBase, RetryMax: cfg.EventRetryMax}, dir, timers, nc, log)
+	fwd := outbox.New(outbox.Config{RetryBase: cfg.EventRetryBase, RetryMax: cfg.EventRetryMax,
+		BeforeForward: cfg.Hooks.BeforeForwardFunc}, dir, timers, nc, log)
 	approvals := approval.New(dir, timers, fwd, log)
 	proc := turn.New(dir, eng, approvals, approvals, turn.Hooks{AfterStepFunc: cfg.Hooks.AfterStepFunc, AfterCommitFunc: cfg.Hooks.AfterCommitFunc}, log)
 	sched := fair.New[queued](cfg.TenantWorkers)
@@ -332,23 +333,45 @@ func (b *brain) visit(ctx context.Context, t *registry.Tenant, timeout time.Dura
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	err := b.dir.Visit(ctx, t, func(pool *pgxpool.Pool) error {
-		if _, err := b.approvals.ExpireOn(ctx, t, pool); err != nil && ctx.Err() == nil {
-			b.log.Warn("reconcile approvals", "tenant_id", t.ID, "error", err)
-		}
-		if err := b.outbox.ForwardOn(ctx, t, pool); err != nil && ctx.Err() == nil {
-			b.log.Warn("reconcile events", "tenant_id", t.ID, "error", err)
-		}
-		// No tenant's figures are older than one interval.
-		if err := b.pending.countOn(ctx, t, pool); err != nil && ctx.Err() == nil {
-			b.log.Debug("count pending approvals and events", "tenant_id", t.ID, "error", err)
-		}
-		return nil
+		return b.guarded(t, "the reconciliation pass", func() error { b.reconcileOn(ctx, t, pool); return nil })
 	})
 	var le *tenancy.LoginError
-	if err = b.dir.Check(t, err); err != nil && ctx.Err() == nil && !errors.As(err, &le) { // a refused login is logged once, by Check
+	if err = b.dir.Check(t, err); err != nil && ctx.Err() == nil && !errors.As(err, &le) && !errors.Is(err, errPanicked) {
+		// A refused login is logged once, by Check; a panic, as it happened.
 		b.log.Warn("reconcile: open the tenant's pool", "tenant_id", t.ID, "error", err)
 	}
 }
+
+// reconcileOn is one tenant's visit by the reconciliation pass, on its pool.
+func (b *brain) reconcileOn(ctx context.Context, t *registry.Tenant, pool *pgxpool.Pool) {
+	if _, err := b.approvals.ExpireOn(ctx, t, pool); err != nil && ctx.Err() == nil {
+		b.log.Warn("reconcile approvals", "tenant_id", t.ID, "error", err)
+	}
+	if err := b.outbox.ForwardOn(ctx, t, pool); err != nil && ctx.Err() == nil {
+		b.log.Warn("reconcile events", "tenant_id", t.ID, "error", err)
+	}
+	// No tenant's figures are older than one interval.
+	if err := b.pending.countOn(ctx, t, pool); err != nil && ctx.Err() == nil {
+		b.log.Debug("count pending approvals and events", "tenant_id", t.ID, "error", err)
+	}
+}
+
+// guarded runs fn, the brain's own work for tenant t (a timer, the
+// reconciliation pass), and turns a panic in it (a bug) into errPanicked,
+// logged at ERROR with its stack: left to run, it would take the replica
+// down, and a timer redelivered would take down each replica after it.
+func (b *brain) guarded(t *registry.Tenant, what string, fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.logPanic(r, what+" panicked, a bug in the brain; it runs again later", "tenant_id", string(t.ID))
+			err = errPanicked
+		}
+	}()
+	return fn()
+}
+
+// errPanicked is the error of work that panicked (logged already, by guarded).
+var errPanicked = errors.New("panicked, a bug in the brain (logged with its stack)")
 
 // waitInflight waits for turns in flight, at most grace; the turns left are
 // redelivered by JetStream to another replica.

@@ -146,6 +146,9 @@ type Hooks struct {
 	// BeforeAPIFunc runs before a tenant API call is dispatched (a test
 	// panics in it, as a bug in a handler would).
 	BeforeAPIFunc func(tenant registry.TenantID, method string)
+	// BeforeForwardFunc runs as a tenant's events are forwarded (by a
+	// kick, a timer or the reconciliation pass; a test panics in it).
+	BeforeForwardFunc func(tenant registry.TenantID)
 }
 
 func (c Config) withDefaults() Config {

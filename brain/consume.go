@@ -485,19 +485,24 @@ func (b *brain) handleDue(ctx context.Context, m jetstream.Msg) {
 	defer b.pending.kick(t)
 	switch kind {
 	case subjects.DueExpiry:
-		var n int
-		if n, err = b.approvals.Expire(ctx, t); n > 0 {
-			log.Info("approvals expired and re-queued for a human", "count", n)
-		}
+		err = b.guarded(t, "an expiry timer", func() error {
+			n, err := b.approvals.Expire(ctx, t)
+			if n > 0 {
+				log.Info("approvals expired and re-queued for a human", "count", n)
+			}
+			return err
+		})
 	case subjects.DueOutbox:
-		err = b.outbox.Forward(ctx, t)
+		err = b.guarded(t, "an outbox timer", func() error { return b.outbox.Forward(ctx, t) })
 	default:
 		log.Error("timer of an unknown kind; dropped")
 		_ = m.Term()
 		return
 	}
 	if err != nil {
-		log.Warn("timer failed; it fires again shortly", "error", err)
+		if !errors.Is(err, errPanicked) {
+			log.Warn("timer failed; it fires again shortly", "error", err)
+		}
 		b.inst.timers.WithLabelValues(kind, "failed").Inc()
 		_ = m.NakWithDelay(5 * time.Second)
 		return

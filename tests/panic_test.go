@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"n8nbrain/brain"
 	"n8nbrain/registry"
@@ -66,4 +67,48 @@ func TestPanicIsOneAnswerNotACrash(t *testing.T) {
 			t.Errorf("no %q in the logs", want)
 		}
 	}
+}
+
+// A panic in the brain's own work for a tenant (here forwarding its events,
+// reached by the kick after an approval's decision, the outbox timer and
+// the reconciliation pass) is logged with its stack and tried again later,
+// not a replica taken down: the events are delivered once forwarding works
+// again.
+func TestPanicInEventForwardingIsNotACrash(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("panic-fwd"))
+	hook := newWebhook(t)
+	hook.down.Store(true) // no event is acked: each is forwarded again
+	var panics atomic.Bool
+	var calls atomic.Int32
+	panics.Store(true)
+	s.startBrain("panic-fwd-1", func(c *brain.Config) {
+		fastEvents(c)
+		c.Hooks.BeforeForwardFunc = func(registry.TenantID) {
+			if panics.Load() {
+				calls.Add(1)
+				panic("test: a bug in forwarding events")
+			}
+		}
+	})
+	ea := s.startEdge(a, withWebhook(hook))
+	id := "<panic-fwd@customer.example>"
+	rep := ea.submit(quoteEmail(id)).reply(t)
+	if rep.Status != wire.WorkItemStatusAwaitingApproval || rep.Action == nil {
+		t.Fatalf("turn 1: %s", mustJSON(t, rep))
+	}
+	if r := ea.decide(rep.Action.ApprovalID, "approve", map[string]string{"by": "alice"}); r.Status != http.StatusOK {
+		t.Fatalf("approve: %d %s", r.Status, r.Body)
+	}
+	for _, msg := range []string{"forwarding events panicked, a bug in the brain", "an outbox timer panicked, a bug in the brain",
+		"the reconciliation pass panicked, a bug in the brain"} {
+		eventually(t, 10*time.Second, msg, func() bool { return strings.Contains(s.logs.String(), msg) })
+	}
+	// The replica is still there.
+	ea.submit(quoteEmail("<panic-fwd-after@customer.example>")).reply(t)
+	panics.Store(false)
+	hook.down.Store(false)
+	hook.accepted(wire.EventApprovalDecided, id)
+	t.Logf("forwarding panicked %d times before it worked", calls.Load())
 }

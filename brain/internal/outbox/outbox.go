@@ -26,7 +26,9 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -46,6 +48,9 @@ type Config struct {
 	// base·2^attempts, at most max. Defaults 2s and 5m.
 	RetryBase time.Duration
 	RetryMax  time.Duration
+	// BeforeForward, if set, runs as a tenant's events are forwarded (a
+	// test panics in it, as a bug in forwarding would).
+	BeforeForward func(registry.TenantID)
 }
 
 func (c Config) withDefaults() Config {
@@ -141,14 +146,32 @@ func (f *Forwarder) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			err := f.Forward(ctx, t)
+			err := f.forwardRecovered(ctx, t)
 			var le *tenancy.LoginError
-			if err != nil && ctx.Err() == nil && !errors.As(err, &le) { // a refused login is logged once, by Check
+			// A refused login is logged once, by Check; a panic, as it happened.
+			if err != nil && ctx.Err() == nil && !errors.As(err, &le) && !errors.Is(err, errPanicked) {
 				f.log.Warn("forward events", "tenant_id", t.ID, "error", err)
 			}
 		}
 	}
 }
+
+// forwardRecovered is Forward with a panic in it (a bug) turned into an
+// error, logged at ERROR with its stack: Run serves every tenant, and the
+// kick is not repeated, so the reconciliation pass forwards them later.
+func (f *Forwarder) forwardRecovered(ctx context.Context, t *registry.Tenant) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			f.log.Error("forwarding events panicked, a bug in the brain; the reconciliation pass forwards them later",
+				"tenant_id", t.ID, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = errPanicked
+		}
+	}()
+	return f.Forward(ctx, t)
+}
+
+// errPanicked is the error of a forwarding that panicked (logged already).
+var errPanicked = errors.New("forwarding events panicked")
 
 // Forward publishes t's events that are due, then sets t's outbox timer to
 // its next undelivered event's attempt (none when all are delivered). An
@@ -175,6 +198,9 @@ func (f *Forwarder) ForwardOn(ctx context.Context, t *registry.Tenant, q store.D
 }
 
 func (f *Forwarder) forward(ctx context.Context, t *registry.Tenant, pool store.DBTX) error {
+	if f.cfg.BeforeForward != nil {
+		f.cfg.BeforeForward(t.ID)
+	}
 	for {
 		evs, err := store.OutboxClaimDue(ctx, pool, 100, f.cfg.RetryBase, f.cfg.RetryMax)
 		if err != nil {
