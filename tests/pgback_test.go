@@ -417,6 +417,65 @@ func TestHeldTurnsWaitOutAHostThatAnswersNothing(t *testing.T) {
 	}
 }
 
+// A held tenant that the registry disables meanwhile ends its hold at the
+// next probe: its turns go to the workers, which refuse them at once,
+// rather than wait out TurnHold (15 s here) against a database its
+// operator has given up on.
+func TestHeldTurnsOfADisabledTenantAreRefused(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.tenant(spec("helddis"))
+	s.startBrain("helddis-1", func(c *brain.Config) { c.RegistryRefresh = time.Hour })
+	ea := s.startEdge(a, nil)
+	ea.submit(quoteEmail("<helddis-warm@customer.example>")).reply(t)
+	// The tenant's database moves to a port nobody listens on: every
+	// connection is refused, the registry's own still works.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	s.registryExec(`UPDATE tenants SET db_port = $2, updated_at = now() WHERE id = $1`, a.ID, dead)
+	eventually(t, 20*time.Second, "the brain to use the moved database", func() bool {
+		return strings.Contains(s.logs.String(), fmt.Sprintf("127.0.0.1:%d", dead))
+	})
+	answered := make(chan response, 1)
+	go func() {
+		for {
+			r, err := ea.trySubmit(quoteEmail("<helddis-1@customer.example>"))
+			if err != nil {
+				t.Error(err)
+			}
+			if err != nil || r.Status != http.StatusAccepted {
+				answered <- r
+				return
+			}
+		}
+	}()
+	eventually(t, 20*time.Second, "the turn held", func() bool {
+		return brainLines(s, "tenant database does not answer; holding its turns until it does") == 1
+	})
+	s.registryExec(`UPDATE tenants SET status = 'disabled', updated_at = now() WHERE id = $1`, a.ID)
+	disabled := time.Now()
+	r := <-answered
+	if took := time.Since(disabled); took > 6*time.Second {
+		t.Errorf("refused %.1fs after the tenant was disabled; the hold was not ended by it", took.Seconds())
+	}
+	if er := r.error(t, http.StatusForbidden); er.Reason != wire.ReasonTenantDisabled {
+		t.Errorf("reason %q, want %q", er.Reason, wire.ReasonTenantDisabled)
+	}
+	var answers []string
+	for _, rec := range brainLog(s) {
+		if rec.Msg == "tenant database answers again; its held turns resume" {
+			answers = append(answers, rec.Answer)
+		}
+	}
+	if len(answers) != 1 || answers[0] != "the tenant is disabled" {
+		t.Errorf("the hold ended on %q; want once, on the tenant disabled", answers)
+	}
+}
+
 // The brain's registry listener, cut three times, says so once each time
 // and once when it is back, and listens again: a tenant disabled after that
 // is refused at once, though the periodic reload is an hour away.
