@@ -2,6 +2,7 @@ package brain
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -9,17 +10,18 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/registry"
 )
 
 // A tenant's database that does not answer (down, restarting, crashed
 // under a statement) holds the tenant's turns on this replica instead of
 // sending each back to JetStream with a growing delay: one probe per
-// tenant asks the database again, 100 ms after the failure and then
-// at most every second, and the moment it answers every held turn goes
-// back to the workers. A turn so held is not redelivered, so an outage
-// spends none of its deliveries (MaxDeliveries), and the workers are
-// free for other tenants meanwhile.
+// tenant asks the database again, 100 ms after the failure and then a
+// second after each try (a try takes up to probeTimeout against a host
+// that answers nothing), and the moment it answers every held turn goes
+// back to the workers. A turn so held is not redelivered meanwhile, and
+// the workers are free for other tenants.
 //
 // A turn is held Config.TurnHold at most; then it goes back to JetStream
 // as before (redeliveryDelay), to be held again if the database is still
@@ -33,8 +35,11 @@ const (
 	maxHolds   = 3
 	probeFirst = 100 * time.Millisecond
 	probeEvery = time.Second
-	// probeTimeout bounds one probe (a host that drops packets).
-	probeTimeout = 2 * time.Second
+	// probeTimeout bounds one probe (a host that drops packets): past the
+	// connect timeout, so that a probe that fails says why (the dial's own
+	// error, or this replica's connection cap) rather than only that time
+	// ran out.
+	probeTimeout = tenancy.ConnectTimeout + time.Second
 )
 
 // held is this replica's held turns, by tenant account.
@@ -174,9 +179,11 @@ func (h *held) ask(ctx context.Context, account string) (down bool, answer strin
 	switch {
 	case err == nil:
 		return false, "ok"
+	case errors.Is(err, tenancy.ErrAtCapacity):
+		return false, "an answer: this replica is at its connection cap"
 	case unreachable(err) || pctx.Err() != nil:
-		// Its own deadline too: a host that drops packets answers nothing
-		// within probeTimeout, and pgx then says only that time ran out.
+		// Its own deadline too: a host that takes the connection and never
+		// speaks answers nothing within probeTimeout.
 		return true, err.Error()
 	}
 	return false, "a refusal: " + err.Error()

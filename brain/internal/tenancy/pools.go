@@ -40,9 +40,9 @@ import (
 // none was freed within the connect timeout; retry later.
 var ErrAtCapacity = errors.New("tenant connection cap reached")
 
-// connectTimeout bounds a tenant connection's whole connect, the wait for a
+// ConnectTimeout bounds a tenant connection's whole connect, the wait for a
 // place under the cap included.
-const connectTimeout = 5 * time.Second
+const ConnectTimeout = 5 * time.Second
 
 type tenantPool struct {
 	id       registry.TenantID
@@ -330,7 +330,7 @@ func (d *Directory) newPool(ctx context.Context, t *registry.Tenant) (*pgxpool.P
 	pc.ConnConfig.Database = t.DB.Name
 	pc.ConnConfig.User = t.DB.User
 	pc.ConnConfig.Password = string(password)
-	pc.ConnConfig.ConnectTimeout = connectTimeout
+	pc.ConnConfig.ConnectTimeout = ConnectTimeout
 	pc.ConnConfig.DialFunc = d.dial
 	pc.ConnConfig.RuntimeParams["application_name"] = "brain"
 	pc.ConnConfig.RuntimeParams["statement_timeout"] = "10000"
