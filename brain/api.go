@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"n8nbrain/brain/internal/fair"
+	"n8nbrain/brain/internal/guard"
 	"n8nbrain/brain/internal/store"
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/internal/telemetry"
@@ -318,7 +319,7 @@ func apiMethodLabel(method string) string {
 func (b *brain) safeDispatchAPI(ctx context.Context, t *registry.Tenant, method string, data []byte) (reply any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			b.logPanic(r, "an API call panicked, a bug in the brain; it is answered internal", "tenant_id", string(t.ID),
+			guard.Log(b.log, r, "an API call panicked, a bug in the brain; it is answered internal", "tenant_id", string(t.ID),
 				"api_method", apiMethodLabel(method))
 			reply, err = nil, panicked()
 		}

@@ -27,6 +27,7 @@ import (
 	"n8nbrain/brain/internal/capture"
 	"n8nbrain/brain/internal/engine"
 	"n8nbrain/brain/internal/fair"
+	"n8nbrain/brain/internal/guard"
 	"n8nbrain/brain/internal/model"
 	"n8nbrain/brain/internal/outbox"
 	"n8nbrain/brain/internal/tenancy"
@@ -336,7 +337,7 @@ func (b *brain) visit(ctx context.Context, t *registry.Tenant, timeout time.Dura
 		return b.guarded(t, "the reconciliation pass", func() error { b.reconcileOn(ctx, t, pool); return nil })
 	})
 	var le *tenancy.LoginError
-	if err = b.dir.Check(t, err); err != nil && ctx.Err() == nil && !errors.As(err, &le) && !errors.Is(err, errPanicked) {
+	if err = b.dir.Check(t, err); err != nil && ctx.Err() == nil && !errors.As(err, &le) && !errors.Is(err, guard.ErrPanicked) {
 		// A refused login is logged once, by Check; a panic, as it happened.
 		b.log.Warn("reconcile: open the tenant's pool", "tenant_id", t.ID, "error", err)
 	}
@@ -357,21 +358,10 @@ func (b *brain) reconcileOn(ctx context.Context, t *registry.Tenant, pool *pgxpo
 }
 
 // guarded runs fn, the brain's own work for tenant t (a timer, the
-// reconciliation pass), and turns a panic in it (a bug) into errPanicked,
-// logged at ERROR with its stack: left to run, it would take the replica
-// down, and a timer redelivered would take down each replica after it.
-func (b *brain) guarded(t *registry.Tenant, what string, fn func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			b.logPanic(r, what+" panicked, a bug in the brain; it runs again later", "tenant_id", string(t.ID))
-			err = errPanicked
-		}
-	}()
-	return fn()
+// reconciliation pass), with a panic in it turned into guard.ErrPanicked.
+func (b *brain) guarded(t *registry.Tenant, what string, fn func() error) error {
+	return guard.Run(b.log, what+" panicked, a bug in the brain; it runs again later", fn, "tenant_id", string(t.ID))
 }
-
-// errPanicked is the error of work that panicked (logged already, by guarded).
-var errPanicked = errors.New("panicked, a bug in the brain (logged with its stack)")
 
 // waitInflight waits for turns in flight, at most grace; the turns left are
 // redelivered by JetStream to another replica.

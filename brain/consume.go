@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"n8nbrain/brain/internal/guard"
 	"n8nbrain/brain/internal/store"
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/brain/internal/turn"
@@ -218,7 +218,7 @@ func (b *brain) process(ctx context.Context, t *registry.Tenant, q queued, msg t
 	defer stop()
 	defer func() {
 		if r := recover(); r != nil {
-			b.logPanic(r, "deciding a turn panicked, a bug in the brain; the turn is answered internal", "tenant_id", string(t.ID),
+			guard.Log(b.log, r, "deciding a turn panicked, a bug in the brain; the turn is answered internal", "tenant_id", string(t.ID),
 				"turn_key", msg.Key)
 			ans, err = b.refusePanicked(msg.Data), nil
 		}
@@ -236,12 +236,6 @@ func (b *brain) refusePanicked(data []byte) (ans turn.Answer) {
 		}
 	}()
 	return b.proc.Refuse(data, panicked())
-}
-
-// logPanic logs a recovered panic r at ERROR, with the stack of the
-// goroutine it happened on.
-func (b *brain) logPanic(r any, msg string, attrs ...any) {
-	b.log.Error(msg, append(attrs, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))...)
 }
 
 // panicked answers a request the brain's code panicked on.
@@ -500,10 +494,13 @@ func (b *brain) handleDue(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	if err != nil {
-		if !errors.Is(err, errPanicked) {
-			log.Warn("timer failed; it fires again shortly", "error", err)
-		}
 		b.inst.timers.WithLabelValues(kind, "failed").Inc()
+		if errors.Is(err, guard.ErrPanicked) {
+			// Logged with its stack; a bug does not mend in 5 s.
+			_ = m.NakWithDelay(time.Minute)
+			return
+		}
+		log.Warn("timer failed; it fires again shortly", "error", err)
 		_ = m.NakWithDelay(5 * time.Second)
 		return
 	}

@@ -26,15 +26,14 @@ package outbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 
+	"n8nbrain/brain/internal/guard"
 	"n8nbrain/brain/internal/store"
 	"n8nbrain/brain/internal/tenancy"
 	"n8nbrain/registry"
@@ -146,32 +145,16 @@ func (f *Forwarder) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			err := f.forwardRecovered(ctx, t)
+			err := guard.Run(f.log, "forwarding events panicked, a bug in the brain; the reconciliation pass forwards them later",
+				func() error { return f.Forward(ctx, t) }, "tenant_id", t.ID)
 			var le *tenancy.LoginError
 			// A refused login is logged once, by Check; a panic, as it happened.
-			if err != nil && ctx.Err() == nil && !errors.As(err, &le) && !errors.Is(err, errPanicked) {
+			if err != nil && ctx.Err() == nil && !errors.As(err, &le) && !errors.Is(err, guard.ErrPanicked) {
 				f.log.Warn("forward events", "tenant_id", t.ID, "error", err)
 			}
 		}
 	}
 }
-
-// forwardRecovered is Forward with a panic in it (a bug) turned into an
-// error, logged at ERROR with its stack: Run serves every tenant, and the
-// kick is not repeated, so the reconciliation pass forwards them later.
-func (f *Forwarder) forwardRecovered(ctx context.Context, t *registry.Tenant) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			f.log.Error("forwarding events panicked, a bug in the brain; the reconciliation pass forwards them later",
-				"tenant_id", t.ID, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			err = errPanicked
-		}
-	}()
-	return f.Forward(ctx, t)
-}
-
-// errPanicked is the error of a forwarding that panicked (logged already).
-var errPanicked = errors.New("forwarding events panicked")
 
 // Forward publishes t's events that are due, then sets t's outbox timer to
 // its next undelivered event's attempt (none when all are delivered). An
