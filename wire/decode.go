@@ -144,7 +144,8 @@ func infoOf(t reflect.Type) *typeInfo {
 			if ft.Kind() == reflect.Pointer {
 				ft = ft.Elem()
 			}
-			if f.Anonymous && name == "" && ft.Kind() == reflect.Struct {
+			// (A type that decodes itself uses no field of its own.)
+			if f.Anonymous && name == "" && ft.Kind() == reflect.Struct && !ti.unmarshaler && !ti.text {
 				ti.unsupported = "it embeds " + f.Type.String() + " without a json name"
 			}
 			if !f.IsExported() {

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -255,8 +256,8 @@ func TestDecodeNumber(t *testing.T) {
 	}
 	var de *DecodeError
 	for _, in := range []string{`{"n":"12"}`, `{"n":"x"}`, `{"n":1.}`, `{"n":true}`} {
-		if err := Decode([]byte(in), &doc{}); !errors.As(err, &de) || de.Field != "n" && de.Field != "" {
-			t.Errorf("%s: %v; want a DecodeError", in, err)
+		if err := Decode([]byte(in), &doc{}); !errors.As(err, &de) || de.Field != "n" {
+			t.Errorf("%s: %v; want a DecodeError at n", in, err)
 		}
 	}
 }
@@ -319,6 +320,14 @@ func TestDecodeRefusesEmbeddedStructs(t *testing.T) {
 	var n named
 	if err := Decode([]byte(`{"in":{"a":"x"}}`), &n); err != nil || n.In.A != "x" {
 		t.Fatalf("a named struct field: %+v %v", n, err)
+	}
+	// A type that decodes itself uses its (promoted) method, embedding or not.
+	type stamped struct {
+		At struct{ time.Time } `json:"at"`
+	}
+	var st stamped
+	if err := Decode([]byte(`{"at":"2026-01-31T09:30:00Z"}`), &st); err != nil || st.At.Year() != 2026 {
+		t.Fatalf("a type embedding time.Time: %+v %v", st, err)
 	}
 }
 
