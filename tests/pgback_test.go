@@ -240,6 +240,50 @@ func (c *crashed) restart(t *testing.T) {
 	}
 }
 
+// submitUntilAnswered submits req as n8n does, again after each 202, and
+// sends the first other answer.
+func submitUntilAnswered(t *testing.T, e *edgeClient, req *wire.TurnSubmitRequest) <-chan response {
+	answered := make(chan response, 1)
+	go func() {
+		for {
+			r, err := e.trySubmit(req)
+			if err != nil {
+				t.Error(err)
+			}
+			if err != nil || r.Status != http.StatusAccepted {
+				answered <- r
+				return
+			}
+		}
+	}()
+	return answered
+}
+
+// wantRefusal waits for the answer on ch, which must come within limit of
+// since and refuse the turn with status and reason.
+func wantRefusal(t *testing.T, ch <-chan response, since time.Time, limit time.Duration, status int, reason string) {
+	t.Helper()
+	r := <-ch
+	if took := time.Since(since); took > limit {
+		t.Errorf("answered %.1fs after the change that should end the hold, want within %s", took.Seconds(), limit)
+	}
+	if er := r.error(t, status); er.Reason != reason {
+		t.Errorf("reason %q, want %q", er.Reason, reason)
+	}
+}
+
+// registryDrivenStack is a brain replica that learns registry changes
+// from its listener only (the periodic reload an hour away) and a warmed
+// edge of tenant name.
+func registryDrivenStack(t *testing.T, name string) (*system, *devstack.Tenant, *edgeClient) {
+	s := newSystem(t)
+	a := s.tenant(spec(name))
+	s.startBrain(name+"-1", func(c *brain.Config) { c.RegistryRefresh = time.Hour })
+	ea := s.startEdge(a, nil)
+	ea.submit(quoteEmail("<" + name + "-warm@customer.example>")).reply(t)
+	return s, a, ea
+}
+
 // logRecord is what the tests read of a brain's log line.
 type logRecord struct {
 	Msg       string `json:"msg"`
@@ -300,14 +344,7 @@ func TestHeldTurnsMeetTheDatabasesRefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.restart(t)
-	up := time.Now()
-	r := <-res
-	if took := time.Since(up); took > 5*time.Second {
-		t.Errorf("answered %.1fs after the database was back", took.Seconds())
-	}
-	if er := r.error(t, http.StatusServiceUnavailable); er.Reason != wire.ReasonTenantDatabaseLogin {
-		t.Errorf("reason %q, want %q", er.Reason, wire.ReasonTenantDatabaseLogin)
-	}
+	wantRefusal(t, res, time.Now(), 5*time.Second, http.StatusServiceUnavailable, wire.ReasonTenantDatabaseLogin)
 }
 
 // Held turns spend a delivery each TurnHold, and their last one is not
@@ -377,19 +414,7 @@ func TestHeldTurnsWaitOutAHostThatAnswersNothing(t *testing.T) {
 	}()
 	req := quoteEmail("<dbtarpit-1@customer.example>")
 	key := subjects.TurnKey(req.WorkItemID, 1)
-	answered := make(chan response, 1)
-	go func() {
-		for {
-			r, err := c.e.trySubmit(req)
-			if err != nil {
-				t.Error(err)
-			}
-			if err != nil || r.Status != http.StatusAccepted {
-				answered <- r
-				return
-			}
-		}
-	}()
+	answered := submitUntilAnswered(t, c.e, req)
 	// Past the turn's connect timeout (5 s) and two probes' deadlines (2 s).
 	time.Sleep(10 * time.Second)
 	_ = tarpit.Close()
@@ -423,11 +448,7 @@ func TestHeldTurnsWaitOutAHostThatAnswersNothing(t *testing.T) {
 // operator has given up on.
 func TestHeldTurnsOfADisabledTenantAreRefused(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t)
-	a := s.tenant(spec("helddis"))
-	s.startBrain("helddis-1", func(c *brain.Config) { c.RegistryRefresh = time.Hour })
-	ea := s.startEdge(a, nil)
-	ea.submit(quoteEmail("<helddis-warm@customer.example>")).reply(t)
+	s, a, ea := registryDrivenStack(t, "helddis")
 	// The tenant's database moves to a port nobody listens on: every
 	// connection is refused, the registry's own still works.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -440,31 +461,12 @@ func TestHeldTurnsOfADisabledTenantAreRefused(t *testing.T) {
 	eventually(t, 20*time.Second, "the brain to use the moved database", func() bool {
 		return strings.Contains(s.logs.String(), fmt.Sprintf("127.0.0.1:%d", dead))
 	})
-	answered := make(chan response, 1)
-	go func() {
-		for {
-			r, err := ea.trySubmit(quoteEmail("<helddis-1@customer.example>"))
-			if err != nil {
-				t.Error(err)
-			}
-			if err != nil || r.Status != http.StatusAccepted {
-				answered <- r
-				return
-			}
-		}
-	}()
+	answered := submitUntilAnswered(t, ea, quoteEmail("<helddis-1@customer.example>"))
 	eventually(t, 20*time.Second, "the turn held", func() bool {
 		return brainLines(s, "tenant database does not answer; holding its turns until it does") == 1
 	})
 	s.registryExec(`UPDATE tenants SET status = 'disabled', updated_at = now() WHERE id = $1`, a.ID)
-	disabled := time.Now()
-	r := <-answered
-	if took := time.Since(disabled); took > 6*time.Second {
-		t.Errorf("refused %.1fs after the tenant was disabled; the hold was not ended by it", took.Seconds())
-	}
-	if er := r.error(t, http.StatusForbidden); er.Reason != wire.ReasonTenantDisabled {
-		t.Errorf("reason %q, want %q", er.Reason, wire.ReasonTenantDisabled)
-	}
+	wantRefusal(t, answered, time.Now(), 6*time.Second, http.StatusForbidden, wire.ReasonTenantDisabled)
 	var answers []string
 	for _, rec := range brainLog(s) {
 		if rec.Msg == "tenant database answers again; its held turns resume" {
@@ -481,11 +483,7 @@ func TestHeldTurnsOfADisabledTenantAreRefused(t *testing.T) {
 // is refused at once, though the periodic reload is an hour away.
 func TestRegistryListenerCutSaysSoOnce(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t)
-	a := s.tenant(spec("listen-a"))
-	s.startBrain("listen-1", func(c *brain.Config) { c.RegistryRefresh = time.Hour })
-	ea := s.startEdge(a, nil)
-	ea.submit(quoteEmail("<listen-warm@customer.example>")).reply(t)
+	s, a, ea := registryDrivenStack(t, "listen")
 	ctx := context.Background()
 	admin := s.adminConn("postgres")
 	for cut := 1; cut <= 3; cut++ {
