@@ -419,6 +419,12 @@ func (c *Client) attempt(ctx context.Context, req Request, try int) (got *api.Ch
 	}
 	tenantRes := ResultIgnore // the tenant's breaker counts only its answers
 	defer func() { tenantDone(tenantRes) }()
+	returned := false
+	defer func() {
+		if !returned { // a panic says nothing of the server's health
+			res, tenantRes = ResultIgnore, ResultIgnore
+		}
+	}()
 	got, call, res, retry, err = c.once(ctx, req)
 	if err == nil {
 		tenantRes = ResultSuccess
@@ -438,6 +444,7 @@ func (c *Client) attempt(ctx context.Context, req Request, try int) (got *api.Ch
 			}
 		}
 	}
+	returned = true
 	return got, call, retry, err
 }
 

@@ -515,6 +515,37 @@ func TestChatPanicInCheckGivesTheSlotBack(t *testing.T) {
 	}
 }
 
+// A call whose Check panicked tells the breakers nothing, not a success:
+// four panics before three unusable answers leave the tenant's breaker to
+// open on those three (counted as successes, they would keep it closed at
+// 3 failures in 7).
+func TestChatPanicInCheckIsNoSuccess(t *testing.T) {
+	t.Parallel()
+	f := ollamafake.New(t, func(r *api.ChatRequest) ollamafake.Reply {
+		return ollamafake.Reply{Content: r.Messages[len(r.Messages)-1].Content}
+	})
+	c := newClient(t, f.URL(), func(c *Config) { c.Breaker = BreakerConfig{MinCalls: 3, CoolDown: time.Hour} })
+	check := func(content, _ string) bool {
+		if content == "panic" {
+			panic("a bug in the caller's check")
+		}
+		return content != "garbage"
+	}
+	call := func(content string) {
+		defer func() { _ = recover() }()
+		_, _ = c.Chat(context.Background(), Request{Model: "m", Messages: []Message{{Role: RoleUser, Content: content}}, Check: check, Tenant: "b"})
+	}
+	for range 4 {
+		call("panic")
+	}
+	for range 3 {
+		call("garbage")
+	}
+	if got := c.TenantBreakersOpen(); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("tenant breakers open %v after 4 panics and 3 unusable answers; want [b]", got)
+	}
+}
+
 func TestSameModel(t *testing.T) {
 	for _, tc := range []struct {
 		asked, got string
