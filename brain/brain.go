@@ -162,6 +162,11 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	consumersDone := make(chan struct{})
 	b.consumers.reconcile(ctx, dir.Tenants())
 	go func() { defer close(consumersDone); b.consumers.run(consumeCtx, dir.Tenants) }()
+	// The heartbeats of queued and held turns outlive the replica's
+	// context: they stop once handBack has sent those turns back, so that
+	// JetStream does not redeliver one while the consumers are halting.
+	beatCtx, stopBeats := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBeats()
 	// handBack stops taking turns and sends those this replica has not
 	// started back to JetStream at once (another replica takes them):
 	// held turns first, since a probe that found its database back pushes
@@ -172,8 +177,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		for _, q := range append(b.held.close(), b.sched.Close()...) {
 			_ = q.m.Nak()
 		}
+		stopBeats()
 	}
-	wg.Go(func() { b.heartbeatQueued(runCtx) })
+	wg.Go(func() { b.heartbeatQueued(beatCtx) })
 	var ops *http.Server
 	if ln := cfg.OpsListener; ln != nil || cfg.OpsAddr != "" {
 		if ln == nil {
