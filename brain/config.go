@@ -35,7 +35,7 @@ type Config struct {
 	PreviousSealingKey []byte
 	// Replica names this replica in logs and its NATS connection. BRAIN_REPLICA, default the host name.
 	Replica string
-	// Workers is how many turns this replica decides at once. BRAIN_WORKERS, default 32.
+	// Workers is how many turns this replica decides at once. BRAIN_WORKERS, default 16.
 	Workers int
 	// TurnTimeout bounds one turn, model calls included. BRAIN_TURN_TIMEOUT, default 2m.
 	TurnTimeout time.Duration
@@ -55,7 +55,7 @@ type Config struct {
 	// DBConnsPerTenant and DBMaxConns bound tenant database connections:
 	// each tenant's pool, and the connections of every pool together (the
 	// cap counts connections, not pools, so it must be at least one full
-	// pool). BRAIN_DB_CONNS_PER_TENANT (default 8), BRAIN_DB_MAX_CONNS
+	// pool). BRAIN_DB_CONNS_PER_TENANT (default 4), BRAIN_DB_MAX_CONNS
 	// (default 64). The registry reader's pool (4) is outside the cap.
 	DBConnsPerTenant int32
 	DBMaxConns       int
@@ -156,7 +156,7 @@ func (c Config) withDefaults() Config {
 		c.Replica, _ = os.Hostname()
 	}
 	if c.Workers == 0 {
-		c.Workers = 32
+		c.Workers = 16
 	}
 	if c.TenantWorkers == 0 {
 		c.TenantWorkers = max(1, c.Workers/4)
@@ -177,7 +177,7 @@ func (c Config) withDefaults() Config {
 		c.ReconcileInterval = 30 * time.Minute
 	}
 	if c.DBConnsPerTenant == 0 {
-		c.DBConnsPerTenant = 8
+		c.DBConnsPerTenant = 4
 	}
 	if c.DBMaxConns == 0 {
 		c.DBMaxConns = 64

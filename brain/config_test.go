@@ -129,9 +129,9 @@ func TestDBConnsConfig(t *testing.T) {
 		want                string // in the error; empty: valid
 		wantPer, wantMax    int
 	}{
-		{"Defaults", "", "", "", 8, 64},
+		{"Defaults", "", "", "", 4, 64},
 		{"CapOfOnePool", "8", "8", "", 8, 8},
-		{"CapBelowOnePool", "", "2", "BRAIN_DB_MAX_CONNS (2) must be at least BRAIN_DB_CONNS_PER_TENANT (8)", 0, 0},
+		{"CapBelowOnePool", "", "2", "BRAIN_DB_MAX_CONNS (2) must be at least BRAIN_DB_CONNS_PER_TENANT (4)", 0, 0},
 		{"CapBelowSetPool", "10", "9", "BRAIN_DB_MAX_CONNS (9) must be at least BRAIN_DB_CONNS_PER_TENANT (10)", 0, 0},
 		{"NegativePool", "-1", "", "BRAIN_DB_CONNS_PER_TENANT must be", 0, 0},
 		{"HugePool", "5000000000", "", "BRAIN_DB_CONNS_PER_TENANT must be", 0, 0},

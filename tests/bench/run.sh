@@ -21,7 +21,7 @@
 #   BENCH_TENANT_WORKERS, BENCH_DB_CONNS_PER_TENANT
 #                           the brain's limits for the benchmark's tenant in
 #                           the one-process benchmarks (the brain's defaults,
-#                           8 and 8, when unset)
+#                           4 and 4, when unset)
 #
 # Not part of `make test` or CI: it needs no Node, but uses it when present.
 set -euo pipefail
