@@ -9,10 +9,10 @@ dev:
 	@deploy/ensure-postgres.sh
 	$(GO) build -o bin/devstack ./deploy/cmd/devstack
 	@# exec, not go run: go run exits 1 after Ctrl-C, which make reports as an error.
-	@exec bin/devstack up
+	@exec bin/devstack up -pg-port $(PG_PORT)
 
-# PG_PORT: the port of the test cluster in .data/pg (.ci/run picks a free one
-# when another checkout's cluster holds the default).
+# PG_PORT: the port of the cluster in .data/pg, for make dev, test and e2e
+# (.ci/run picks a free one when another checkout's cluster holds the default).
 PG_PORT ?= 55432
 
 # NORACE_TESTS are the tests that mean nothing under -race (they measure

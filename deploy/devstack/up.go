@@ -87,7 +87,7 @@ func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	pg, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(o.Dir, "pg"), Port: o.PGPort, Logger: log})
+	pg, err := ensurePG(ctx, o, log)
 	if err != nil {
 		return err
 	}
@@ -228,10 +228,20 @@ func (s *Stack) EnsureTenant(ctx context.Context, spec provision.TenantSpec) (*T
 	return s.AddTenant(ctx, spec)
 }
 
+// ensurePG starts (or reuses) the stack's Postgres in Dir/pg. A port held
+// by another server is an error that says how to choose another.
+func ensurePG(ctx context.Context, o UpOptions, log *slog.Logger) (*localpg.Instance, error) {
+	pg, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(o.Dir, "pg"), Port: o.PGPort, Logger: log})
+	if errors.Is(err, localpg.ErrPortInUse) {
+		return nil, fmt.Errorf("%w: make dev PG_PORT=%d (make test and make e2e take PG_PORT too; devstack -pg-port)", err, o.PGPort+1)
+	}
+	return pg, err
+}
+
 // PGEnv starts (or reuses) the local Postgres and prints the variable the
 // tests read, for `eval "$(devstack pg-env)"`.
 func PGEnv(ctx context.Context, o UpOptions, out io.Writer) error {
-	pg, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(o.Dir, "pg"), Port: o.PGPort})
+	pg, err := ensurePG(ctx, o, nil)
 	if err != nil {
 		return err
 	}

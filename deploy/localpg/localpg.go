@@ -136,14 +136,20 @@ func Ensure(ctx context.Context, cfg Config) (*Instance, error) {
 	}
 	inst := &Instance{Dir: dir, Port: cfg.Port, AdminUser: AdminUser, AdminPassword: pw, srv: srv}
 
-	switch err := inst.probe(ctx); {
-	case err == nil:
+	probeErr := inst.probe(ctx)
+	switch {
+	case probeErr == nil:
 		log.Info("postgres already running", "dir", dir, "port", cfg.Port)
 		return inst, inst.writeURLFile()
-	case !retryable(err):
-		if _, ok := errors.AsType[*foreignClusterError](err); ok {
-			return nil, fmt.Errorf("localpg: %w", err)
-		}
+	case errors.Is(probeErr, ErrPortInUse):
+		return nil, fmt.Errorf("localpg: %w", probeErr)
+	}
+	// When this folder's cluster does not run and something else holds the
+	// port, its server could never start there: say so now, not after an
+	// initdb and a failed start.
+	if running, err := srv.running(ctx); err == nil && !running && portTaken(cfg.Port) {
+		return nil, fmt.Errorf("localpg: port %d on 127.0.0.1 is taken by a server that is not the cluster in %s "+
+			"(connecting to it as this cluster's admin: %v): %w", cfg.Port, dir, probeErr, ErrPortInUse)
 	}
 	if !srv.initialised() {
 		if err := srv.initdb(ctx, pw); err != nil {
@@ -206,13 +212,30 @@ func (i *Instance) probe(ctx context.Context) error {
 	return nil
 }
 
+// ErrPortInUse is the error of Ensure when the port is served by another
+// cluster or held by another program: stop it, or choose another port.
+var ErrPortInUse = errors.New("stop that server or choose another port")
+
 type foreignClusterError struct {
 	port    int
 	dataDir string
 }
 
 func (e *foreignClusterError) Error() string {
-	return fmt.Sprintf("port %d is served by another cluster (data directory %s)", e.port, e.dataDir)
+	return fmt.Sprintf("port %d is served by another cluster (data directory %s): %v", e.port, e.dataDir, ErrPortInUse)
+}
+
+func (e *foreignClusterError) Is(target error) bool { return target == ErrPortInUse }
+
+// portTaken says whether something already listens on port of 127.0.0.1,
+// where the cluster listens.
+func portTaken(port int) bool {
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return errors.Is(err, syscall.EADDRINUSE)
+	}
+	ln.Close()
+	return false
 }
 
 // waitReady polls with backoff until the server accepts connections, for at

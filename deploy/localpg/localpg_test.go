@@ -2,6 +2,7 @@ package localpg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -68,6 +69,23 @@ func TestEnsure(t *testing.T) {
 		}
 	})
 
+	t.Run("RefusesAPortServedByAnotherCluster", func(t *testing.T) {
+		// Another folder's cluster on the same port: the running one refuses
+		// its admin login. Ensure says so before an initdb, not after a
+		// start that cannot bind.
+		other := filepath.Join(root, "other")
+		_, err := Ensure(ctx, Config{Dir: other, Port: cfg.Port})
+		if !errors.Is(err, ErrPortInUse) {
+			t.Fatalf("Ensure on a port another cluster serves: %v, want ErrPortInUse", err)
+		}
+		if want := fmt.Sprintf("port %d", cfg.Port); !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+		if _, statErr := os.Stat(filepath.Join(other, dataDir, "PG_VERSION")); statErr == nil {
+			t.Error("Ensure initialised a cluster it could never start")
+		}
+	})
+
 	t.Run("RestartsAfterACrash", func(t *testing.T) {
 		pid := postmasterPID(t, inst)
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
@@ -125,6 +143,48 @@ func TestEnsure(t *testing.T) {
 			t.Fatalf("Ensure after Stop: %v", err)
 		}
 	})
+}
+
+// A port another program listens on (not Postgres) is refused at once, with
+// the port named, and nothing is initialised.
+func TestEnsureRefusesAPortHeldByAnotherProgram(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping a test that needs the Postgres binaries")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	root, err := os.MkdirTemp("", "localpg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil { // the server's OS user must reach it
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "pg")
+	_, err = Ensure(t.Context(), Config{Dir: dir, Port: port})
+	if !errors.Is(err, ErrPortInUse) {
+		t.Fatalf("Ensure on a port another program holds: %v, want ErrPortInUse", err)
+	}
+	if want := fmt.Sprintf("port %d", port); !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not name %s", err, want)
+	}
+	if _, statErr := os.Stat(filepath.Join(dir, dataDir, "PG_VERSION")); statErr == nil {
+		t.Error("Ensure initialised a cluster it could never start")
+	}
 }
 
 func TestFindBinDirNamesWhatToInstall(t *testing.T) {
