@@ -32,8 +32,10 @@ type UpOptions struct {
 	// NATSNodes is 1 for one server or 3 for a cluster with R3 streams.
 	NATSNodes int
 	EdgeAddr  string
-	OpsAddr   string
-	Replicas  int
+	// EdgeMetricsAddr serves the edge's /metrics (EDGE_METRICS_ADDR); empty: off.
+	EdgeMetricsAddr string
+	OpsAddr         string
+	Replicas        int
 	// Getenv supplies brain settings not owned by the stack (model, workers).
 	Getenv func(string) string
 }
@@ -44,7 +46,8 @@ type UpOptions struct {
 // the edge only after everything else had started.
 func portsFree(o UpOptions) error {
 	type listener struct{ addr, what string }
-	ls := []listener{{o.EdgeAddr, "the edge (-edge-addr)"}, {o.OpsAddr, "the brain's metrics (-ops-addr)"}}
+	ls := []listener{{o.EdgeAddr, "the edge (-edge-addr)"}, {o.EdgeMetricsAddr, "the edge's metrics (-edge-metrics-addr)"},
+		{o.OpsAddr, "the brain's metrics (-ops-addr)"}}
 	if o.NATSNodes <= 1 && o.NATSPort != 0 { // a cluster's nodes take free ports
 		ls = append(ls, listener{net.JoinHostPort("127.0.0.1", strconv.Itoa(o.NATSPort)), "NATS (-nats-port)"})
 	}
@@ -133,6 +136,7 @@ func Up(ctx context.Context, o UpOptions, out io.Writer, log *slog.Logger) error
 		return fmt.Errorf("edge listen: %w", err)
 	}
 	ecfg := st.EdgeConfig(tn)
+	ecfg.MetricsAddr = o.EdgeMetricsAddr
 	if ecfg.ReviewersFile, err = st.writeReviewers(); err != nil {
 		return err
 	}
@@ -161,7 +165,7 @@ The development stack is up.
   NATS        %s (operator mode; creds in %s)
   Postgres    %s (admin URL in %s)
   brain       %d replicas; metrics of replica dev-1 at http://%s/metrics
-  edge        http://%s for tenant %s
+  edge        http://%s for tenant %s; %s
 
 Review page (approve, edit or reject drafts): http://%s/review  user dev, password %s
 Events go to EDGE_WEBHOOK_URL when set (with EDGE_WEBHOOK_SECRET); otherwise they wait in the outbox.
@@ -184,7 +188,7 @@ Submit a turn as n8n would:
 
 Ctrl-C stops everything, %s; state stays in %s.
 `, st.NATS.ClientURL(), filepath.Join(o.Dir, "stack", "creds"), "127.0.0.1:"+fmt.Sprint(pg.Port), pg.AdminURLFile(),
-		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, ln.Addr(), st.IDs.secrets().ReviewerPassword,
+		o.Replicas, o.OpsAddr, ln.Addr(), tn.ID, edgeMetricsLine(o.EdgeMetricsAddr), ln.Addr(), st.IDs.secrets().ReviewerPassword,
 		displayDuration(ecfg.TurnWait, edge.DefaultTurnWait), displayDuration(ecfg.PublishTimeout, edge.DefaultPublishTimeout),
 		displayDuration(ecfg.WebhookTimeout, edge.DefaultWebhookTimeout),
 		n8nFiles.Credentials, n8nFiles.Settings, filepath.Dir(n8nFiles.Credentials), ln.Addr(), tn.Token, pgAtExit, o.Dir)
@@ -226,6 +230,14 @@ func (s *Stack) EnsureTenant(ctx context.Context, spec provision.TenantSpec) (*T
 		}
 	}
 	return s.AddTenant(ctx, spec)
+}
+
+// edgeMetricsLine says where the edge's metrics are, for the banner.
+func edgeMetricsLine(addr string) string {
+	if addr == "" {
+		return "its metrics are off (-edge-metrics-addr)"
+	}
+	return "its metrics at http://" + addr + "/metrics"
 }
 
 // ensurePG starts (or reuses) the stack's Postgres in Dir/pg. A port held

@@ -3,6 +3,7 @@ package devstack
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -69,7 +70,7 @@ func TestUpStopsThePostgresItStarted(t *testing.T) {
 // A second make dev, or anything else on the stack's ports, is refused at
 // once with the flag to change, before any Postgres or NATS is started.
 func TestUpRefusesATakenPort(t *testing.T) {
-	for _, flag := range []string{"-edge-addr", "-ops-addr", "-nats-port"} {
+	for _, flag := range []string{"-edge-addr", "-edge-metrics-addr", "-ops-addr", "-nats-port"} {
 		t.Run(flag, func(t *testing.T) {
 			taken, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -82,6 +83,8 @@ func TestUpRefusesATakenPort(t *testing.T) {
 			switch flag {
 			case "-edge-addr":
 				o.EdgeAddr = taken.Addr().String()
+			case "-edge-metrics-addr":
+				o.EdgeMetricsAddr = taken.Addr().String()
 			case "-ops-addr":
 				o.OpsAddr = taken.Addr().String()
 			case "-nats-port":
@@ -99,6 +102,38 @@ func TestUpRefusesATakenPort(t *testing.T) {
 				t.Errorf("Up refused but created %d entries in its state folder first", len(entries))
 			}
 		})
+	}
+}
+
+// A Postgres port held by another server (here a program that is not
+// Postgres at all) is refused before anything else starts, naming the port
+// and how to choose another.
+func TestUpRefusesATakenPostgresPort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping a test that needs the Postgres binaries")
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	go func() {
+		for {
+			c, err := taken.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := taken.Addr().(*net.TCPAddr).Port
+	o := UpOptions{Dir: filepath.Join(testdb.ServerDir(t), "data"), PGPort: port, NATSPort: testdb.FreePort(t),
+		EdgeAddr: "127.0.0.1:0", OpsAddr: "127.0.0.1:0", Replicas: 1, Getenv: func(string) string { return "" }}
+	err = Up(t.Context(), o, io.Discard, slog.New(slog.DiscardHandler))
+	for _, want := range []string{fmt.Sprintf("port %d", port), fmt.Sprintf("make dev PG_PORT=%d", port+1), "-pg-port"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Up with the Postgres port taken: %v; want an error saying %q", err, want)
+		}
 	}
 }
 

@@ -49,6 +49,7 @@ func main() {
 		fs.IntVar(&opts.NATSPort, "nats-port", 4222, "NATS port on 127.0.0.1 (one server)")
 		fs.IntVar(&opts.NATSNodes, "nats-nodes", 1, "NATS servers: 1, or 3 for a routed cluster with every stream replicated (R3) on free ports")
 		fs.StringVar(&opts.EdgeAddr, "edge-addr", "127.0.0.1:8480", "client-zero edge HTTP address")
+		fs.StringVar(&opts.EdgeMetricsAddr, "edge-metrics-addr", "127.0.0.1:8481", "client-zero edge /metrics address (empty: off)")
 		fs.StringVar(&opts.OpsAddr, "ops-addr", "127.0.0.1:8490", "brain replica 1 ops endpoints (/metrics)")
 		fs.IntVar(&opts.Replicas, "replicas", 2, "brain replicas to run")
 		_ = fs.Parse(os.Args[2:])
@@ -72,6 +73,7 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: devstack up|pg-env [-dir .data] [-pg-port 55432] [-nats-port 4222] [-edge-addr 127.0.0.1:8480]\n"+
+		"       [-edge-metrics-addr 127.0.0.1:8481] [-ops-addr 127.0.0.1:8490] [-replicas 2] [-nats-nodes 1|3]\n"+
 		"       devstack init [-dir /state]   (configured by INIT_*, BRAIN_*, EDGE_*, REVIEWER_* variables)\n"+
 		"       devstack streams [-dir /state]   (after NATS is up: INIT_NATS_URL, INIT_ADMIN_URL)")
 	os.Exit(2)
