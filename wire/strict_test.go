@@ -203,3 +203,16 @@ func TestDecideReasonIsStorableText(t *testing.T) {
 		t.Errorf("a plain reason: %v", err)
 	}
 }
+
+// A turn without its number says the field is required, not only its range.
+func TestTurnWithoutNumberSaysItIsRequired(t *testing.T) {
+	t.Parallel()
+	r := &TurnSubmitRequest{WorkItemID: "w", Email: &Email{From: "a@b", Subject: "s", Body: "b"}}
+	if e := ErrorOf(r.Validate()); e == nil || e.Field != "turn" || !strings.Contains(e.Message, "is required") {
+		t.Fatalf("got %v; want field turn refused as required", e)
+	}
+	r.Turn = MaxTurn + 1
+	if e := ErrorOf(r.Validate()); e == nil || e.Field != "turn" || !strings.Contains(e.Message, "between 1 and") {
+		t.Fatalf("got %v; want field turn refused for its range", e)
+	}
+}

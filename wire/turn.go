@@ -234,6 +234,8 @@ func (r *TurnSubmitRequest) Validate() error {
 		return invalidField("work_item_id", "is required (and not only spaces)")
 	case len(r.WorkItemID) > MaxWorkItemIDBytes:
 		return invalidField("work_item_id", fmt.Sprintf("is longer than %d bytes", MaxWorkItemIDBytes))
+	case r.Turn == 0:
+		return invalidField("turn", fmt.Sprintf("is required: the turn's number, from 1 to %d (absent or 0)", MaxTurn))
 	case r.Turn < 1 || r.Turn > MaxTurn:
 		return invalidField("turn", fmt.Sprintf("must be between 1 and %d", MaxTurn))
 	case len(r.TenantID) > 128:
