@@ -1,6 +1,7 @@
 package devstack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,9 +52,18 @@ func portsFree(o UpOptions) error {
 	if o.NATSNodes <= 1 && o.NATSPort != 0 { // a cluster's nodes take free ports
 		ls = append(ls, listener{net.JoinHostPort("127.0.0.1", strconv.Itoa(o.NATSPort)), "NATS (-nats-port)"})
 	}
-	for _, l := range ls {
+	for i, l := range ls {
 		if l.addr == "" {
 			continue
+		}
+		// Port 0 takes a free port each time; the same fixed address twice
+		// would fail only once the rest had started.
+		if _, port, _ := net.SplitHostPort(l.addr); port != "0" {
+			for _, earlier := range ls[:i] {
+				if earlier.addr == l.addr {
+					return fmt.Errorf("%s and %s are both given %s: give each its own address", earlier.what, l.what, l.addr)
+				}
+			}
 		}
 		ln, err := net.Listen("tcp", l.addr)
 		if err != nil {
@@ -245,7 +255,8 @@ func edgeMetricsLine(addr string) string {
 func ensurePG(ctx context.Context, o UpOptions, log *slog.Logger) (*localpg.Instance, error) {
 	pg, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(o.Dir, "pg"), Port: o.PGPort, Logger: log})
 	if errors.Is(err, localpg.ErrPortInUse) {
-		return nil, fmt.Errorf("%w: make dev PG_PORT=%d (make test and make e2e take PG_PORT too; devstack -pg-port)", err, o.PGPort+1)
+		return nil, fmt.Errorf("%w, such as make dev PG_PORT=%d (make test and make e2e take PG_PORT too; devstack -pg-port)",
+			err, cmp.Or(o.PGPort, localpg.DefaultPort)+1)
 	}
 	return pg, err
 }

@@ -3,6 +3,7 @@ package devstack
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -130,10 +131,36 @@ func TestUpRefusesATakenPostgresPort(t *testing.T) {
 	o := UpOptions{Dir: filepath.Join(testdb.ServerDir(t), "data"), PGPort: port, NATSPort: testdb.FreePort(t),
 		EdgeAddr: "127.0.0.1:0", OpsAddr: "127.0.0.1:0", Replicas: 1, Getenv: func(string) string { return "" }}
 	err = Up(t.Context(), o, io.Discard, slog.New(slog.DiscardHandler))
+	if !errors.Is(err, localpg.ErrPortInUse) {
+		t.Fatalf("Up with the Postgres port taken: %v, want localpg.ErrPortInUse", err)
+	}
 	for _, want := range []string{fmt.Sprintf("port %d", port), fmt.Sprintf("make dev PG_PORT=%d", port+1), "-pg-port"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Fatalf("Up with the Postgres port taken: %v; want an error saying %q", err, want)
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Up with the Postgres port taken: %v; want an error saying %q", err, want)
 		}
+	}
+	if _, statErr := os.Stat(filepath.Join(o.Dir, "pg", "data", "PG_VERSION")); statErr == nil {
+		t.Error("Up initialised a cluster it could never start")
+	}
+	if _, statErr := os.Stat(filepath.Join(o.Dir, "stack")); statErr == nil {
+		t.Error("Up went on to set up the stack after Postgres was refused")
+	}
+}
+
+// Two of the stack's listeners given the same address are refused at once,
+// naming both flags: the second would fail only once the rest had started.
+func TestUpRefusesTheSameAddressTwice(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", testdb.FreePort(t))
+	o := UpOptions{Dir: t.TempDir(), PGPort: testdb.FreePort(t), NATSPort: testdb.FreePort(t), EdgeAddr: addr,
+		EdgeMetricsAddr: addr, OpsAddr: "127.0.0.1:0", Replicas: 1, Getenv: func(string) string { return "" }}
+	err := Up(t.Context(), o, io.Discard, slog.New(slog.DiscardHandler))
+	for _, want := range []string{"-edge-addr", "-edge-metrics-addr", addr} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Up with -edge-addr and -edge-metrics-addr both %s: %v; want an error naming %q", addr, err, want)
+		}
+	}
+	if entries, _ := os.ReadDir(o.Dir); len(entries) != 0 {
+		t.Errorf("Up refused but created %d entries in its state folder first", len(entries))
 	}
 }
 

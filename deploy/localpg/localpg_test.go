@@ -86,6 +86,25 @@ func TestEnsure(t *testing.T) {
 		}
 	})
 
+	t.Run("RefusesAPortServedByAnotherClusterThatLetsItIn", func(t *testing.T) {
+		// The same admin password in another folder: the login succeeds,
+		// and the running server's data directory says it is not this one.
+		other := filepath.Join(root, "same-password")
+		if err := os.MkdirAll(other, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(other, passwordFile), []byte(inst.AdminPassword+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Ensure(ctx, Config{Dir: other, Port: cfg.Port})
+		if _, ok := errors.AsType[*foreignClusterError](err); !ok || !errors.Is(err, ErrPortInUse) {
+			t.Fatalf("Ensure on a port another cluster serves and lets it in: %v, want the other cluster named and ErrPortInUse", err)
+		}
+		if !strings.Contains(err.Error(), inst.srv.data()) {
+			t.Errorf("error %q does not name the other cluster's data directory %s", err, inst.srv.data())
+		}
+	})
+
 	t.Run("RestartsAfterACrash", func(t *testing.T) {
 		pid := postmasterPID(t, inst)
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
