@@ -11,7 +11,7 @@ dev:
 	@# exec, not go run: go run exits 1 after Ctrl-C, which make reports as an error.
 	@exec bin/devstack up -pg-port $(PG_PORT)
 
-# PG_PORT: the port of the cluster in .data/pg, for make dev, test and e2e
+# PG_PORT: the port of the cluster in .data/pg, for make dev, test, e2e and bench
 # (.ci/run picks a free one when another checkout's cluster holds the default).
 PG_PORT ?= 55432
 
@@ -54,11 +54,11 @@ build:
 
 ## bench: the turn, scale and NATS-cluster benchmarks and the LangGraph baseline of BENCHMARKS.md, with a summary (not part of test/CI)
 bench:
-	@tests/bench/run.sh
+	@PG_PORT=$(PG_PORT) tests/bench/run.sh
 
 ## bench-placement: the turn and the LangGraph baseline with Postgres sharing the cores and on a core of its own, rounds interleaved (BENCHMARKS.md; needs root, not part of test/CI)
 bench-placement:
-	@tests/bench/placement.sh
+	@PG_PORT=$(PG_PORT) tests/bench/placement.sh
 
 ## fuzz: run each fuzz target for a while (FUZZTIME=30s by default)
 FUZZTIME ?= 30s

@@ -255,7 +255,7 @@ func edgeMetricsLine(addr string) string {
 func ensurePG(ctx context.Context, o UpOptions, log *slog.Logger) (*localpg.Instance, error) {
 	pg, err := localpg.Ensure(ctx, localpg.Config{Dir: filepath.Join(o.Dir, "pg"), Port: o.PGPort, Logger: log})
 	if errors.Is(err, localpg.ErrPortInUse) {
-		return nil, fmt.Errorf("%w, such as make dev PG_PORT=%d (make test and make e2e take PG_PORT too; devstack -pg-port)",
+		return nil, fmt.Errorf("%w, such as make dev PG_PORT=%d (make test, e2e and bench take PG_PORT too; devstack -pg-port)",
 			err, cmp.Or(o.PGPort, localpg.DefaultPort)+1)
 	}
 	return pg, err

@@ -35,7 +35,7 @@ command -v taskset >/dev/null || die "taskset (util-linux) is not installed"
 [ -z "${BRAIN_TEST_DATABASE_URL:-}" ] ||
 	die "BRAIN_TEST_DATABASE_URL is set: this script moves the local cluster's processes, so unset it"
 deploy/ensure-postgres.sh
-eval "$(go run ./deploy/cmd/devstack pg-env)"
+eval "$(go run ./deploy/cmd/devstack pg-env -pg-port "${PG_PORT:-55432}")"
 PIDFILE=.data/pg/data/postmaster.pid
 [ -r "$PIDFILE" ] || die "no $PIDFILE: the local cluster is not running"
 POSTMASTER="$(head -1 "$PIDFILE")"

@@ -6,6 +6,7 @@
 #
 #   BENCH_N      iterations per measurement (default 2000)
 #   BENCH_OUT    folder for the raw outputs (default .data/bench/<UTC time>)
+#   PG_PORT      the port of the local cluster in .data/pg (default 55432)
 #   BENCH_SKIP_LANGGRAPH=1  run the Go benchmarks only
 #   BENCH_SKIP_SCALE=1      skip BenchmarkScale and BenchmarkClusterCost (a
 #                           thousand tenants provisioned, a minute of idling,
@@ -37,7 +38,7 @@ if [ -n "${BRAIN_TEST_DATABASE_URL:-}" ]; then
 else
 	# As `make test` does: the local cluster in .data/pg, started if needed.
 	deploy/ensure-postgres.sh
-	pg_env="$(go run ./deploy/cmd/devstack pg-env)"
+	pg_env="$(go run ./deploy/cmd/devstack pg-env -pg-port "${PG_PORT:-55432}")"
 	eval "$pg_env"
 fi
 
