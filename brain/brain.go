@@ -342,9 +342,7 @@ func (b *brain) visit(ctx context.Context, t *registry.Tenant, timeout time.Dura
 	err := b.dir.Visit(ctx, t, func(pool *pgxpool.Pool) error {
 		return b.guarded(t, "the reconciliation pass", func() error { b.reconcileOn(ctx, t, pool); return nil })
 	})
-	var le *tenancy.LoginError
-	if err = b.dir.Check(t, err); err != nil && ctx.Err() == nil && !errors.As(err, &le) && !errors.Is(err, guard.ErrPanicked) {
-		// A refused login is logged once, by Check; a panic, as it happened.
+	if err = b.dir.Check(t, err); err != nil && ctx.Err() == nil && !tenancy.Logged(err) {
 		b.log.Warn("reconcile: open the tenant's pool", "tenant_id", t.ID, "error", err)
 	}
 }

@@ -25,7 +25,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -147,9 +146,7 @@ func (f *Forwarder) Run(ctx context.Context) {
 			}
 			err := guard.Run(f.log, "forwarding events panicked, a bug in the brain; the reconciliation pass forwards them later",
 				func() error { return f.Forward(ctx, t) }, "tenant_id", t.ID)
-			var le *tenancy.LoginError
-			// A refused login is logged once, by Check; a panic, as it happened.
-			if err != nil && ctx.Err() == nil && !errors.As(err, &le) && !errors.Is(err, guard.ErrPanicked) {
+			if err != nil && ctx.Err() == nil && !tenancy.Logged(err) {
 				f.log.Warn("forward events", "tenant_id", t.ID, "error", err)
 			}
 		}

@@ -11,9 +11,18 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"n8nbrain/brain/internal/guard"
 	"n8nbrain/registry"
 	"n8nbrain/wire"
 )
+
+// Logged reports whether err was logged where it arose, so that a caller
+// does not log it again: a refused login (Directory.Check logs it once) or
+// a recovered panic (guard.Run logs it with its stack).
+func Logged(err error) bool {
+	var le *LoginError
+	return errors.As(err, &le) || errors.Is(err, guard.ErrPanicked)
+}
 
 // LoginError is a tenant database that refuses the brain's connection in a
 // way retrying does not mend. Either it refuses the tenant's own role: its
