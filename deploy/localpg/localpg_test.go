@@ -22,14 +22,7 @@ func TestEnsure(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: skipping a test that initialises a Postgres cluster")
 	}
-	root, err := os.MkdirTemp("", "localpg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The server's OS user must be able to reach the folder.
-	if err := os.Chmod(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	root := reachableDir(t)
 	cfg := Config{Dir: filepath.Join(root, "pg"), Port: freePort(t)}
 	ctx := t.Context()
 
@@ -41,7 +34,6 @@ func TestEnsure(t *testing.T) {
 		if err := inst.Stop(context.Background()); err != nil {
 			t.Errorf("stop: %v", err)
 		}
-		os.RemoveAll(root)
 	})
 	checkConnects(t, inst)
 	if !inst.Started {
@@ -75,15 +67,7 @@ func TestEnsure(t *testing.T) {
 		// start that cannot bind.
 		other := filepath.Join(root, "other")
 		_, err := Ensure(ctx, Config{Dir: other, Port: cfg.Port})
-		if !errors.Is(err, ErrPortInUse) {
-			t.Fatalf("Ensure on a port another cluster serves: %v, want ErrPortInUse", err)
-		}
-		if want := fmt.Sprintf("port %d", cfg.Port); !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not name %s", err, want)
-		}
-		if _, statErr := os.Stat(filepath.Join(other, dataDir, "PG_VERSION")); statErr == nil {
-			t.Error("Ensure initialised a cluster it could never start")
-		}
+		wantPortRefused(t, err, cfg.Port, other)
 	})
 
 	t.Run("RefusesAPortServedByAnotherClusterThatLetsItIn", func(t *testing.T) {
@@ -185,18 +169,17 @@ func TestEnsureRefusesAPortHeldByAnotherProgram(t *testing.T) {
 		}
 	}()
 	port := ln.Addr().(*net.TCPAddr).Port
-	root, err := os.MkdirTemp("", "localpg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	if err := os.Chmod(root, 0o755); err != nil { // the server's OS user must reach it
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, "pg")
+	dir := filepath.Join(reachableDir(t), "pg")
 	_, err = Ensure(t.Context(), Config{Dir: dir, Port: port})
+	wantPortRefused(t, err, port, dir)
+}
+
+// wantPortRefused checks that Ensure of the cluster in dir refused port
+// with ErrPortInUse, naming the port, before initialising anything.
+func wantPortRefused(t *testing.T, err error, port int, dir string) {
+	t.Helper()
 	if !errors.Is(err, ErrPortInUse) {
-		t.Fatalf("Ensure on a port another program holds: %v, want ErrPortInUse", err)
+		t.Fatalf("Ensure on a port something else holds: %v, want ErrPortInUse", err)
 	}
 	if want := fmt.Sprintf("port %d", port); !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not name %s", err, want)
@@ -204,6 +187,22 @@ func TestEnsureRefusesAPortHeldByAnotherProgram(t *testing.T) {
 	if _, statErr := os.Stat(filepath.Join(dir, dataDir, "PG_VERSION")); statErr == nil {
 		t.Error("Ensure initialised a cluster it could never start")
 	}
+}
+
+// reachableDir is a temporary folder the server's OS user can reach (the
+// test's own t.TempDir sits in a folder only we may enter), removed after
+// the test.
+func reachableDir(t *testing.T) string {
+	t.Helper()
+	root, err := os.MkdirTemp("", "localpg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
 func TestFindBinDirNamesWhatToInstall(t *testing.T) {
