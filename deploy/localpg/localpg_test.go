@@ -191,7 +191,8 @@ func wantPortRefused(t *testing.T, err error, port int, dir string) {
 
 // reachableDir is a temporary folder the server's OS user can reach (the
 // test's own t.TempDir sits in a folder only we may enter), removed after
-// the test.
+// the test: testdb.ServerDir, which these tests cannot call (testdb
+// imports this package).
 func reachableDir(t *testing.T) string {
 	t.Helper()
 	root, err := os.MkdirTemp("", "localpg-")
