@@ -191,10 +191,19 @@ func TestEvictionClosesTheLeastRecentlyUsed(t *testing.T) {
 	for i := range tns {
 		sessionsOf[i] = tenantSessions(t, s, roles[i:i+1])
 	}
+	// After a turn the replica counts the tenant's pending work on its pool
+	// (pending.go, a second later): each count is waited for, so that none
+	// reopens an evicted pool while the sessions are read.
+	counted := func(i int) {
+		eventually(t, 10*time.Second, "the replica to count the tenant's pending work", func() bool {
+			return metricValue(t, ops, fmt.Sprintf(`brain_pending_snapshot_timestamp_seconds{tenant=%q}`, tns[i].ID)) > 0
+		})
+	}
 	for i := range 2 {
 		if r := edges[i].submit(closedInvoice(fmt.Sprintf("<lru-%d@x>", i))); r.Status != http.StatusOK {
 			t.Fatalf("tenant %d: %d %s", i, r.Status, r.Body)
 		}
+		counted(i)
 		eventually(t, 10*time.Second, "the turn's connection to stay open", func() bool {
 			n, _ := sessionsOf[i]()
 			return n == 1
@@ -203,6 +212,7 @@ func TestEvictionClosesTheLeastRecentlyUsed(t *testing.T) {
 	if r := edges[2].submit(closedInvoice("<lru-2@x>")); r.Status != http.StatusOK {
 		t.Fatalf("the third tenant: %d %s", r.Status, r.Body)
 	}
+	counted(2)
 	eventually(t, 10*time.Second, "the least recently used pool's connection to close", func() bool {
 		n, _ := sessionsOf[0]()
 		return n == 0
