@@ -22,6 +22,8 @@ var (
 	// Approvals that can no longer be decided.
 	idDecided    = testUUID(200)
 	idPastExpiry = testUUID(201)
+	// An approval alice approved, for the page that confirms her decision.
+	idAliceApproved = testUUID(202)
 )
 
 // answerAPI is a fake brain that knows every approval but idNotFound, and
@@ -49,6 +51,9 @@ func answerAPI(c apiCall) apiAnswer {
 			a.Edited, a.EditedSHA256, a.ApprovedSHA256 = edited, wire.ContentSHA256(edited), wire.ContentSHA256(edited)
 		case idPastExpiry:
 			a.ExpiresAt = a.CreatedAt.Add(time.Second)
+		case idAliceApproved:
+			at := a.CreatedAt.Add(time.Minute)
+			a.Status, a.DecidedBy, a.DecidedAt, a.ApprovedSHA256 = wire.ApprovalStatusApproved, "reviewer:alice", &at, a.ProposedSHA256
 		}
 		return apiAnswer{Reply: wire.ApprovalGetReply{Approval: a, Email: sampleEmail()}}
 	case subjects.APIApprovalDecide:

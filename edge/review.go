@@ -489,8 +489,11 @@ func approveWords(a wire.Approval, params map[string]string) (label, effect stri
 	return "Approve", "When you approve, this happens: " + desc
 }
 
-// doneWords confirm a decision the reviewer just made.
-func doneWords(a wire.Approval) *doneView {
+// doneWords confirm a decision the reviewer just made. An approval is
+// carried out by the tenant's workflow once an edge delivers its event;
+// delivering says whether this edge does (EDGE_WEBHOOK_URL set), so that
+// the page does not promise what will not happen here.
+func doneWords(a wire.Approval, delivering bool) *doneView {
 	edited := len(a.Edited) > 0
 	switch a.Status {
 	case wire.ApprovalStatusRejected:
@@ -500,17 +503,23 @@ func doneWords(a wire.Approval) *doneView {
 		if edited {
 			head = "Approved with your changes"
 		}
-		text := "Your workflow now carries it out."
+		// what happens next: the sentence's verb phrase, after "Your workflow now".
+		next := "carries it out"
 		switch catalogue.Name(a.Action) {
 		case catalogue.DraftReply:
-			text = "Your workflow now e-mails the reply to " + marked(a.Recipient) + "."
+			next = "e-mails the reply to " + marked(a.Recipient)
 			if a.ApprovalMode == "mailbox" {
-				text = "Your workflow now puts the draft in your mailbox, for someone to send to " + marked(a.Recipient) + "."
+				next = "puts the draft in your mailbox, for someone to send to " + marked(a.Recipient)
 			}
 		case catalogue.CreateJob:
-			text = "Your workflow now creates the job in your job system."
+			next = "creates the job in your job system"
 		}
-		return &doneView{Headline: head, Text: text}
+		if !delivering {
+			return &doneView{Headline: head, Text: "Your decision is recorded. This edge passes no events to your workflow " +
+				"(EDGE_WEBHOOK_URL is not set), so nothing happens yet: once an edge that does delivers the decision, your workflow " +
+				next + "."}
+		}
+		return &doneView{Headline: head, Text: "Your workflow now " + next + "."}
 	}
 	return nil
 }
@@ -550,7 +559,7 @@ func handleReviewApproval(d deps) http.Handler {
 		}
 		p := d.approvalPage(r, rep)
 		if r.URL.Query().Get("done") == "1" && rep.Approval.DecidedBy == "reviewer:"+reviewerOf(r.Context()) {
-			p.Done = doneWords(rep.Approval)
+			p.Done = doneWords(rep.Approval, d.delivering)
 		}
 		if !p.Open {
 			p.Next = d.nextPending(r, id)

@@ -762,6 +762,42 @@ func TestReviewDecide(t *testing.T) {
 	fa.none(t, "a post with another session's token")
 }
 
+// TestReviewConfirmationSaysWhatHappensNext: once alice approved, the page
+// says her workflow now sends the reply only where this edge delivers the
+// brain's events to n8n; without a webhook it says that nothing happens
+// until an edge that does delivers the decision.
+func TestReviewConfirmationSaysWhatHappensNext(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	startFakeAPI(t, n, answerAPI)
+	for _, tc := range []struct {
+		name        string
+		webhook     bool
+		want, avoid string
+	}{
+		{"WithWebhook", true, "Your workflow now e-mails the reply to customer@example.com.", "EDGE_WEBHOOK_URL"},
+		{"WithoutWebhook", false, "This edge passes no events to your workflow (EDGE_WEBHOOK_URL is not set), so nothing happens yet: " +
+			"once an edge that does delivers the decision, your workflow e-mails the reply to customer@example.com.", "Your workflow now"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var e *testEdge
+			if tc.webhook {
+				e = webhookEdge(t, n, startFakeN8N(t, always(200)), func(c *Config) { c.ReviewersFile = writeReviewers(t) })
+			} else {
+				e = startEdge(t, n, func(c *Config) { c.ReviewersFile = writeReviewers(t) })
+			}
+			r := e.signedIn(t).get(t, "/review/approvals/"+idAliceApproved+"?done=1")
+			page := html.UnescapeString(string(r.body))
+			if r.status != 200 || !strings.Contains(page, `id="done-h"`) {
+				t.Fatalf("status %d; want alice's confirmation:\n%s", r.status, page)
+			}
+			if !strings.Contains(page, tc.want) || strings.Contains(page, tc.avoid) {
+				t.Errorf("the confirmation does not say %q, or says %q:\n%s", tc.want, tc.avoid, page)
+			}
+		})
+	}
+}
+
 func TestLoadReviewers(t *testing.T) {
 	t.Parallel()
 	hash, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)

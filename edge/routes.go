@@ -68,6 +68,9 @@ type deps struct {
 	csrfKey []byte
 	// clock is the review page's time zone and clock.
 	clock *reviewClock
+	// delivering: this edge passes the brain's events to n8n (a webhook
+	// is set), so an approval is carried out from here.
+	delivering bool
 	// metrics are observed by every route; tracer is nil when tracing is off.
 	metrics *metrics
 	tracer  trace.TracerProvider
