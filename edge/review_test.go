@@ -243,6 +243,35 @@ func TestReviewSignIn(t *testing.T) {
 		}
 	})
 
+	t.Run("SignInAgainEndsTheOldSession", func(t *testing.T) {
+		// A browser that signs in again (another reviewer at the same
+		// computer, or the same one): the session its cookie held must not
+		// stay alive on the server, where Sign out could no longer end it.
+		b := e.browser(t)
+		first := b.login(t, reviewer, reviewerPassword, "/review")
+		oldValue := strings.TrimPrefix(strings.Split(first.header.Get("Set-Cookie"), ";")[0], "review-session=")
+		if r := b.login(t, reviewer, reviewerPassword, "/review"); r.status != http.StatusSeeOther {
+			t.Fatalf("second sign-in: %d", r.status)
+		}
+		req, _ := http.NewRequest(http.MethodGet, e.url+"/review", nil)
+		req.AddCookie(&http.Cookie{Name: "review-session", Value: oldValue})
+		res, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+		must(t, err)
+		res.Body.Close()
+		if res.StatusCode != http.StatusSeeOther {
+			t.Errorf("the replaced session still works: %d", res.StatusCode)
+		}
+	})
+
+	t.Run("NextMayNotLeaveTheReviewPage", func(t *testing.T) {
+		for _, next := range []string{"/review/../v1/approvals", "/review/..%2F..%2Fhealthz", "/review/./x/../../healthz"} {
+			b := e.browser(t)
+			if r := b.login(t, reviewer, reviewerPassword, next); r.header.Get("Location") != "/review" {
+				t.Errorf("next %q: Location %q, want /review", next, r.header.Get("Location"))
+			}
+		}
+	})
+
 	t.Run("CrossSiteSignIn", func(t *testing.T) {
 		b := e.browser(t)
 		r := b.do(t, http.MethodPost, "/review/login", url.Values{"name": {reviewer}, "password": {reviewerPassword}},

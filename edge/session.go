@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -380,6 +381,10 @@ type loginPage struct {
 // list.
 func localNext(next string) string {
 	u, err := url.Parse(next)
+	if err == nil && u.Path != path.Clean(u.Path) {
+		// "/review/../v1/…": http.Redirect cleans it to a path outside the page.
+		return "/review"
+	}
 	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || strings.HasPrefix(next, "//") ||
 		strings.ContainsAny(next, "\\\r\n") || (u.Path != "/review" && !strings.HasPrefix(u.Path, "/review/")) ||
 		strings.HasPrefix(u.Path, "/review/login") {
@@ -454,6 +459,13 @@ func handleLogin(d deps) http.Handler {
 			return
 		}
 		d.auth.throttle.succeeded(account, address)
+		// A sign-in replaces the browser's session: the one its cookie still
+		// names (signed in again from a link, another reviewer at the same
+		// browser) ends here, so no session outlives the cookie that held it
+		// and Sign out ends what the browser had.
+		if c, err := r.Cookie(d.auth.cookieName(r)); err == nil && c.Value != "" && len(c.Value) <= 128 {
+			d.auth.sessions.end(sha256.Sum256([]byte(c.Value)))
+		}
 		d.auth.setCookie(w, r, d.auth.sessions.start(account), int(sessionMaxAge.Seconds()))
 		annotate(r.Context(), slog.String("reviewer", account))
 		http.Redirect(w, r, p.Next, http.StatusSeeOther)
