@@ -206,7 +206,7 @@ func TestReviewSignIn(t *testing.T) {
 			t.Fatalf("sign in: %d %q", r.status, r.header.Get("Location"))
 		}
 		c := r.header.Get("Set-Cookie")
-		for _, want := range []string{"review-session=", "Path=/review", "HttpOnly", "SameSite=Strict"} {
+		for _, want := range []string{"review-session=", "Path=/review", "HttpOnly", "SameSite=Lax"} {
 			if !strings.Contains(c, want) {
 				t.Errorf("session cookie %q lacks %s", c, want)
 			}

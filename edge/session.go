@@ -23,10 +23,18 @@ import (
 
 // Reviewers sign in with a form (name and password from
 // EDGE_REVIEWERS_FILE, bcrypt) and get a session: a random token in a
-// cookie (HttpOnly, SameSite=Strict, Secure over TLS or when
+// cookie (HttpOnly, SameSite=Lax, Secure over TLS or when
 // EDGE_REVIEW_SECURE_COOKIE says the page is reached through HTTPS), held
 // in memory here with an idle and an absolute expiry. Signing out ends it
 // on the server. An edge restart signs everyone out.
+//
+// Lax, not Strict: reviewers reach an approval from the link in the
+// approval_requested e-mail, opened in webmail, another site, and a Strict
+// cookie is not sent on that navigation (the page asked them to sign in
+// at every link). What Lax adds is the cookie on a top-level GET from
+// another site, and no GET here changes anything; every POST is refused
+// unless it comes from the page itself (crossSite) and carries a token
+// bound to the session.
 //
 // Failed sign-ins are throttled per account name and per client address by
 // token buckets checked before bcrypt runs: a throttled attempt costs no
@@ -289,7 +297,7 @@ func (a *reviewAuth) secure(r *http.Request) bool { return a.secureCookie || r.T
 func (a *reviewAuth) setCookie(w http.ResponseWriter, r *http.Request, token string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{
 		Name: a.cookieName(r), Value: token, Path: "/review", MaxAge: maxAge,
-		HttpOnly: true, Secure: a.secure(r), SameSite: http.SameSiteStrictMode,
+		HttpOnly: true, Secure: a.secure(r), SameSite: http.SameSiteLaxMode,
 	})
 }
 

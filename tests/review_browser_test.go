@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strconv"
@@ -124,6 +125,24 @@ func TestReviewPageInBrowser(t *testing.T) {
 		if cookieFlags != "" {
 			t.Errorf("the session cookie is readable by scripts: %q", cookieFlags)
 		}
+	})
+
+	t.Run("LinkFromAnotherSite", func(t *testing.T) {
+		// The approval_requested e-mail's link, followed from webmail:
+		// another site (localhost against the edge's 127.0.0.1). The
+		// reviewer signed in above arrives signed in.
+		mail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			fmt.Fprintf(w, `<!doctype html><a id="link" href="%s/review/approvals/%s">Review the draft</a>`, base, jo)
+		}))
+		defer mail.Close()
+		webmail := strings.Replace(mail.URL, "127.0.0.1", "localhost", 1)
+		alice.do(t, chromedp.Navigate(webmail), chromedp.WaitVisible(css("#link")), chromedp.Click(css("#link")),
+			chromedp.WaitVisible(css("main")))
+		if loc := alice.location(t); loc != "/review/approvals/"+jo {
+			t.Fatalf("the e-mail's link from another site led to %s, want the approval, signed in", loc)
+		}
+		alice.wantText(t, "Reply to Jo Bloggs")
 	})
 
 	t.Run("List", func(t *testing.T) {
