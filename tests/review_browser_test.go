@@ -359,7 +359,7 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 	id := rs.submitEmail(t, "<hostile-gpj.exe@evil.example>", "Mallory \u202Efdp.exe <m@evil.example>",
 		`hostile <script>window.__pwned=1</script> file`, body)
 	rs.submitEmail(t, "<long@customer.example>", "A Very Long Sender Name That Goes On And On Pty Ltd <accounts-receivable-department@a-very-long-domain-name.example>",
-		"quote: "+strings.Repeat("averyveryverylongwordwithoutanyspaces", 4), "body")
+		"quote: "+strings.Repeat("averyveryverylongwordwithoutanyspaces", 4)+strings.Repeat(" and more words", 120), "body")
 
 	narrow := rs.browser.tab("narrow", 375, 740)
 	narrow.signIn(t, base, "alice", alicePassword)
@@ -378,6 +378,14 @@ func TestReviewPageNarrowAndHostile(t *testing.T) {
 		scroll := eval[float64](t, narrow, `document.scrollingElement.scrollWidth`)
 		if scroll > 375 {
 			t.Errorf("the list scrolls sideways at 375 px: %v px wide", scroll)
+		}
+		// A subject of 1,900 characters takes two lines of its row, not
+		// screens of the queue (the approval shows it whole).
+		heights := eval[[]float64](t, narrow, `[...document.querySelectorAll("ol.queue > li")].map(li => li.getBoundingClientRect().height)`)
+		for _, h := range heights {
+			if h > 320 {
+				t.Errorf("a row of the queue is %v px high at 375 px: %v", h, heights)
+			}
 		}
 		// The subject's markup is text; the bidi override in the sender is a visible marker.
 		narrow.wantText(t, "<script>window.__pwned=1</script>", "Mallory ⟦U+202E right-to-left override⟧fdp.exe")
