@@ -590,6 +590,12 @@ func TestReviewPages(t *testing.T) {
 			t.Errorf("a bad id: status %d", r.status)
 		}
 	})
+
+	t.Run("TrailingSlash", func(t *testing.T) {
+		if r := b.get(t, "/review/"); r.status != http.StatusMovedPermanently || r.header.Get("Location") != "/review" {
+			t.Errorf("/review/: status %d Location %q, want 301 to /review", r.status, r.header.Get("Location"))
+		}
+	})
 }
 
 func TestReviewDecide(t *testing.T) {

@@ -97,6 +97,8 @@ func routes(mux *http.ServeMux, d deps) {
 	mux.Handle("POST /review/login", logged(d, "POST /review/login", handleLogin(d)))
 	mux.Handle("POST /review/logout", logged(d, "POST /review/logout", requireReviewer(d, handleLogout(d))))
 	mux.Handle("GET /review", logged(d, "GET /review", requireReviewer(d, handleReviewList(d))))
+	// Typed with a trailing slash, the address still finds the page.
+	mux.Handle("GET /review/{$}", logged(d, "GET /review/{$}", http.RedirectHandler("/review", http.StatusMovedPermanently)))
 	mux.Handle("GET /review/approvals/{id}", logged(d, "GET /review/approvals/{id}", requireReviewer(d, handleReviewApproval(d))))
 	mux.Handle("POST /review/approvals/{id}", logged(d, "POST /review/approvals/{id}", requireReviewer(d, handleReviewDecide(d))))
 	mux.Handle("GET /review/assets/{name}", loggedAt(d, slog.LevelDebug, "GET /review/assets/{name}", handleReviewAsset()))
