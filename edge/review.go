@@ -647,7 +647,14 @@ func handleReviewDecide(d deps) http.Handler {
 
 		var rep wire.ApprovalGetReply
 		if err := callJSON(r.Context(), d.brain, subjects.APIApprovalGet, wire.ApprovalGetRequest{ApprovalID: id}, &rep); err != nil {
-			renderReviewError(w, r, pageFor(d, r, "Approval"), err)
+			// Without the approval there is no form to put the typed
+			// text back into; the browser still holds it one page back.
+			e := noteError(r.Context(), err)
+			msg := reviewMessage(e, true)
+			if e.Code == wire.CodeUnavailable {
+				msg += " What you typed is not lost: go back with your browser's Back button and send it again."
+			}
+			renderMessage(w, r, httpStatus(e), errorPage(pageFor(d, r, "Approval"), e), msg)
 			return
 		}
 		p := d.approvalPage(r, rep)
@@ -668,7 +675,7 @@ func handleReviewDecide(d deps) http.Handler {
 			if callJSON(r.Context(), d.brain, subjects.APIApprovalGet, wire.ApprovalGetRequest{ApprovalID: id}, &now) == nil {
 				p = d.approvalPage(r, now)
 			}
-			p.Error = reviewMessage(e)
+			p.Error = reviewMessage(e, true)
 			if p.Open {
 				keepTyped(&p, form)
 			} else {
@@ -795,8 +802,9 @@ func editedParams(a wire.Approval, form url.Values) (json.RawMessage, string, ma
 	return edited, "", nil
 }
 
-// reviewMessage says what a brain error means for the reviewer.
-func reviewMessage(e *wire.Error) string {
+// reviewMessage says what a brain error means for the reviewer, who was
+// deciding (a decision was sent) or only looking.
+func reviewMessage(e *wire.Error, deciding bool) string {
 	switch e.Reason {
 	case wire.ReasonAlreadyResolved:
 		return "Someone already decided this approval, so your decision was not recorded. What happened is shown below."
@@ -804,7 +812,12 @@ func reviewMessage(e *wire.Error) string {
 		return "This approval expired before your decision, so it was not recorded: nothing was sent, and the e-mail went back to your team."
 	}
 	if e.Code == wire.CodeUnavailable {
-		return "The brain is not answering right now; nothing was recorded. Try again in a moment."
+		// The edge, the brain or the tenant's database: the page cannot
+		// tell a reviewer more than that it is passing.
+		if deciding {
+			return "Your decision was not recorded: the brain or your database is not answering right now. Try again in a moment."
+		}
+		return "This cannot be shown right now: the brain or your database is not answering. Try again in a moment."
 	}
 	return e.Message
 }
@@ -860,11 +873,16 @@ func normalizeNewlines(s string) string {
 // renderReviewError shows a brain error as a page with its status.
 func renderReviewError(w http.ResponseWriter, r *http.Request, p page, err error) {
 	e := noteError(r.Context(), err)
+	renderMessage(w, r, httpStatus(e), errorPage(p, e), reviewMessage(e, false))
+}
+
+// errorPage is p titled for error e.
+func errorPage(p page, e *wire.Error) page {
 	p.Title = "Something went wrong"
 	if e.Code == wire.CodeNotFound {
 		p.Title = "No such approval"
 	}
-	renderMessage(w, r, httpStatus(e), p, reviewMessage(e))
+	return p
 }
 
 type messagePage struct {

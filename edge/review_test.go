@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -829,6 +830,53 @@ func TestReviewConfirmationSaysWhatHappensNext(t *testing.T) {
 			if !strings.Contains(page, tc.want) || strings.Contains(page, tc.avoid) {
 				t.Errorf("the confirmation does not say %q, or says %q:\n%s", tc.want, tc.avoid, page)
 			}
+		})
+	}
+}
+
+// TestReviewOutageSaysWhatItMeans: while the brain or the tenant's
+// database does not answer, a page only looked at says it cannot be shown
+// (not that nothing was recorded), and a decision says it was not recorded;
+// one whose approval could not even be read says the typed text is one page
+// back.
+func TestReviewOutageSaysWhatItMeans(t *testing.T) {
+	t.Parallel()
+	n := startNATS(t, false)
+	var down atomic.Bool
+	startFakeAPI(t, n, func(c apiCall) apiAnswer {
+		if down.Load() {
+			return apiAnswer{Error: &wire.Error{Code: wire.CodeUnavailable, RetryAfter: 2,
+				Message: "the tenant's database did not answer this call (restarting, out of connections or briefly locked); retry shortly"}}
+		}
+		return answerAPI(c)
+	})
+	e := startEdge(t, n, func(c *Config) { c.ReviewersFile = writeReviewers(t) })
+	b := e.signedIn(t)
+	id := testUUID(31)
+	token := b.csrfOf(t, id)
+	down.Store(true)
+	for _, tc := range []struct {
+		name        string
+		do          func() response
+		want, want2 string
+	}{
+		{"List", func() response { return b.get(t, "/review") }, "This cannot be shown right now: the brain or your database is not answering.", ""},
+		{"Approval", func() response { return b.get(t, "/review/approvals/"+id) }, "This cannot be shown right now", ""},
+		{"Decide", func() response {
+			return b.do(t, http.MethodPost, "/review/approvals/"+id, url.Values{"decision": {"approve"}, "csrf": {token},
+				"p.subject": {"Re: Quote"}, "p.body": {"Edited"}}, nil)
+		}, "Your decision was not recorded: the brain or your database is not answering right now.", "What you typed is not lost: go back with your browser's Back button"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.do()
+			page := html.UnescapeString(string(r.body))
+			if r.status != http.StatusServiceUnavailable || !strings.Contains(page, tc.want) || !strings.Contains(page, tc.want2) {
+				t.Errorf("status %d, want 503 saying %q %q:\n%s", r.status, tc.want, tc.want2, page)
+			}
+			if tc.name != "Decide" && strings.Contains(page, "recorded") {
+				t.Errorf("a page only looked at speaks of recording:\n%s", page)
+			}
+			checkReviewHeaders(t, r)
 		})
 	}
 }
