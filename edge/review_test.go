@@ -321,7 +321,8 @@ func TestReviewSignInThrottled(t *testing.T) {
 	before := auth.reviewers.compared.Load()
 	for range 3 {
 		r := b.login(t, "bob", "bobs password", "")
-		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" || !strings.Contains(string(r.body), "Too many failed sign-ins") {
+		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" ||
+			!strings.Contains(html.UnescapeString(string(r.body)), "Too many failed sign-ins for this name, from this computer or another.") {
 			t.Fatalf("after 5 failures: %d %q %s", r.status, r.header.Get("Retry-After"), r.body)
 		}
 	}
@@ -332,6 +333,18 @@ func TestReviewSignInThrottled(t *testing.T) {
 	if r := b.login(t, reviewer, reviewerPassword, ""); r.status != http.StatusSeeOther {
 		t.Errorf("alice: %d", r.status)
 	}
+	// The address's own attempts run out too (names no reviewer can have
+	// count against it only): that message speaks of this computer alone.
+	var last response
+	for range int(addressBucket.burst) {
+		if last = b.login(t, "Not A Name!", "guess", ""); last.status == http.StatusTooManyRequests {
+			break
+		}
+	}
+	if page := html.UnescapeString(string(last.body)); last.status != http.StatusTooManyRequests ||
+		!strings.Contains(page, "Too many failed sign-ins from this computer.") || strings.Contains(page, "this name") {
+		t.Errorf("the address's attempts spent: %d %s", last.status, page)
+	}
 }
 
 func TestLoginThrottle(t *testing.T) {
@@ -339,40 +352,40 @@ func TestLoginThrottle(t *testing.T) {
 	now := timeAt(0)
 	th := newLoginThrottle(func() time.Time { return now })
 	for i := range 5 {
-		if w := th.take("alice", "10.0.0.1"); w != 0 {
+		if w, _ := th.take("alice", "10.0.0.1"); w != 0 {
 			t.Fatalf("attempt %d throttled for %s", i, w)
 		}
 	}
-	if w := th.take("alice", "10.0.0.2"); w != accountBucket.every {
+	if w, _ := th.take("alice", "10.0.0.2"); w != accountBucket.every {
 		t.Errorf("sixth attempt at alice from another address: wait %s, want %s", w, accountBucket.every)
 	}
 	now = now.Add(accountBucket.every)
-	if w := th.take("alice", "10.0.0.3"); w != 0 {
+	if w, _ := th.take("alice", "10.0.0.3"); w != 0 {
 		t.Errorf("after %s: wait %s", accountBucket.every, w)
 	}
-	if w := th.take("alice", "10.0.0.3"); w == 0 {
+	if w, _ := th.take("alice", "10.0.0.3"); w == 0 {
 		t.Error("one attempt came back, not two")
 	}
 	// A success forgets the account's failures.
 	th.succeeded("alice", "10.0.0.3")
-	if w := th.take("alice", "10.0.0.3"); w != 0 {
+	if w, _ := th.take("alice", "10.0.0.3"); w != 0 {
 		t.Errorf("after a success: wait %s", w)
 	}
 	// Per address: twenty attempts over any names.
 	for i := range 20 {
-		if w := th.take("user"+strconv.Itoa(i), "192.0.2.1"); w != 0 {
+		if w, _ := th.take("user"+strconv.Itoa(i), "192.0.2.1"); w != 0 {
 			t.Fatalf("address attempt %d: wait %s", i, w)
 		}
 	}
-	if w := th.take("someone", "192.0.2.1"); w == 0 {
+	if w, _ := th.take("someone", "192.0.2.1"); w == 0 {
 		t.Error("the address's 21st attempt went through")
 	}
-	if w := th.take("", "192.0.2.2"); w != 0 {
+	if w, _ := th.take("", "192.0.2.2"); w != 0 {
 		t.Errorf("another address is held up: %s", w)
 	}
 	// The tables stay bounded.
 	for i := range maxThrottleKeys + 10 {
-		th.take("", "198.18."+strconv.Itoa(i/256)+"."+strconv.Itoa(i%256))
+		_, _ = th.take("", "198.18."+strconv.Itoa(i/256)+"."+strconv.Itoa(i%256))
 	}
 	if len(th.addresses) > maxThrottleKeys {
 		t.Errorf("%d addresses held, the bound is %d", len(th.addresses), maxThrottleKeys)

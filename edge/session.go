@@ -184,26 +184,30 @@ func newLoginThrottle(now func() time.Time) *loginThrottle {
 }
 
 // take spends one attempt of the account (when named) and of the address,
-// or, when either has none left, spends nothing and says how long to wait.
-func (t *loginThrottle) take(account, address string) time.Duration {
+// or, when either has none left, spends nothing and says how long to wait
+// and whether the account's attempts are what ran out (the name is being
+// guessed, perhaps from elsewhere) rather than only the address's.
+func (t *loginThrottle) take(account, address string) (wait time.Duration, byAccount bool) {
 	now := t.now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	addr := t.bucketLocked(t.addresses, addressBucket, address, now)
-	wait := addressBucket.wait(addr)
+	wait = addressBucket.wait(addr)
 	var acc *bucket
 	if account != "" {
 		acc = t.bucketLocked(t.accounts, accountBucket, account, now)
-		wait = max(wait, accountBucket.wait(acc))
+		if w := accountBucket.wait(acc); w > 0 {
+			wait, byAccount = max(wait, w), true
+		}
 	}
 	if wait > 0 {
-		return wait
+		return wait, byAccount
 	}
 	addr.tokens--
 	if acc != nil {
 		acc.tokens--
 	}
-	return 0
+	return 0, false
 }
 
 // succeeded forgets the account's failures and gives the address its
@@ -452,11 +456,15 @@ func handleLogin(d deps) http.Handler {
 			account = "" // cannot be a reviewer: counted against the address only
 		}
 		address := clientAddress(r, d.auth.ipHeader)
-		if wait := d.auth.throttle.take(account, address); wait > 0 {
+		if wait, byAccount := d.auth.throttle.take(account, address); wait > 0 {
 			secs := int(math.Ceil(wait.Seconds()))
 			annotate(r.Context(), slog.String("error_code", string(wire.CodeRateLimited)))
 			w.Header().Set("Retry-After", strconv.Itoa(secs))
-			p.Error = "Too many failed sign-ins for this name or from this computer. Wait " + waitWords(secs) + ", then try again."
+			p.Error = "Too many failed sign-ins from this computer. Wait " + waitWords(secs) + ", then try again."
+			if byAccount {
+				p.Error = "Too many failed sign-ins for this name, from this computer or another. Wait " + waitWords(secs) +
+					", then try again. If they were not yours, tell whoever runs the review page: someone may be guessing this name's password."
+			}
 			render(w, r, http.StatusTooManyRequests, "login", p)
 			return
 		}
