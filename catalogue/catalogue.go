@@ -52,7 +52,18 @@ type Param struct {
 	MaxLength   int       `json:"max_length,omitempty"`
 	Enum        []string  `json:"enum,omitempty"`
 	Description string    `json:"description"`
+	// OneLine: a string that becomes one header line of a message (a
+	// subject), so no line break (LineBreaks): a mailer would fold it away,
+	// sending another text than the one approved, or take what follows for
+	// a header. Not part of Canonical: it was added after version 1 was
+	// published, and only holds a parameter to what its description already
+	// says it is (a line), so it changes no published meaning or hash.
+	OneLine bool `json:"-"`
 }
+
+// LineBreaks are what a one-line string may not hold: CR, LF and the other
+// characters that end a line somewhere (VT, FF, NEL, U+2028, U+2029).
+const LineBreaks = "\r\n\v\f\u0085\u2028\u2029"
 
 // Action is one entry of the catalogue.
 type Action struct {
@@ -240,6 +251,9 @@ func (p Param) check(raw json.RawMessage) (any, error) {
 		}
 		if p.MaxLength > 0 && utf8.RuneCountInString(s) > p.MaxLength {
 			return nil, fmt.Errorf("is longer than %d characters", p.MaxLength)
+		}
+		if p.OneLine && strings.ContainsAny(s, LineBreaks) {
+			return nil, fmt.Errorf("must be one line (no line breaks)")
 		}
 		if len(p.Enum) > 0 && !slices.Contains(p.Enum, s) {
 			return nil, fmt.Errorf("must be one of %s", strings.Join(p.Enum, ", "))

@@ -147,6 +147,10 @@ func TestValidateParams(t *testing.T) {
 		{"NotObject", draft, `["subject"]`, "", ""},
 		{"BadHash", send, `{"approval_id":"0b6f1a9e-5f1c-4d0e-9a59-3f8f5c1d2e3a","content_sha256":"xyz","abort_if_replied_since":"2026-01-01T00:00:00Z"}`, "", "content_sha256"},
 		{"BadTime", send, `{"approval_id":"0b6f1a9e-5f1c-4d0e-9a59-3f8f5c1d2e3a","content_sha256":"` + hash + `","abort_if_replied_since":"yesterday"}`, "", "abort_if_replied_since"},
+		{"SubjectCRLF", draft, `{"subject":"Re\r\nBcc: evil@attacker.example","body":"b"}`, "", "subject"},
+		{"SubjectLineSeparator", draft, `{"subject":"Re: a\u2028b","body":"b"}`, "", "subject"},
+		{"SubjectNEL", draft, `{"subject":"Re: a\u0085b","body":"b"}`, "", "subject"},
+		{"BodyKeepsItsLines", draft, `{"subject":"Re: x","body":"Hi,\r\nthanks.\u2028Jo"}`, `{"body":"Hi,\r\nthanks.\u2028Jo","subject":"Re: x"}`, ""},
 		{"BadUUID", send, `{"approval_id":"nope","content_sha256":"` + hash + `","abort_if_replied_since":"2026-01-01T00:00:00Z"}`, "", "approval_id"},
 	}
 	for _, tt := range tests {

@@ -26,7 +26,7 @@ func v1() Catalogue {
 				Description:      "Write a reply draft to the email. Nothing is sent: a human approves, edits or rejects the draft first.",
 				RequiresApproval: true,
 				Params: []Param{
-					{Name: "subject", Type: TypeString, Required: true, MaxLength: 300, Description: "Subject line of the reply."},
+					{Name: "subject", Type: TypeString, Required: true, MaxLength: 300, OneLine: true, Description: "Subject line of the reply."},
 					{Name: "body", Type: TypeString, Required: true, MaxLength: 20000, Description: "Plain-text body of the reply."},
 					{Name: "tone", Type: TypeString, MaxLength: 20, Enum: []string{"neutral", "friendly", "formal", "apologetic"}, Description: "Tone the draft was written in."},
 				},

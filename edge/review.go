@@ -606,10 +606,6 @@ func decideFormLimit() int {
 	return most*perChar + 64<<10
 }
 
-// lineBreaks are what a one-line field may not hold: CR, LF and the other
-// characters that end a line somewhere (VT, FF, NEL, U+2028, U+2029).
-const lineBreaks = "\r\n\v\f\u0085\u2028\u2029"
-
 // handleReviewDecide records a reviewer's decision: decision=approve with
 // the form's fields (unchanged: approve as proposed; changed: edit and
 // approve), or decision=reject with a reason. It redirects to the
@@ -761,7 +757,7 @@ func editedParams(a wire.Approval, form url.Values) (json.RawMessage, string, ma
 			_ = json.Unmarshal(proposed[fd.Param.Name], &was)
 			// What the catalogue took as proposed may be approved as it is;
 			// a change may not break the line.
-			if fd.Input == catalogue.InputLine && v != was && strings.ContainsAny(v, lineBreaks) {
+			if fd.Input == catalogue.InputLine && v != was && strings.ContainsAny(v, catalogue.LineBreaks) {
 				return nil, fd.Label + " must be one line.", map[string]string{name: "Use one line."}
 			}
 			if v == "" && !fd.Param.Required {

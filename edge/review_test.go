@@ -1078,10 +1078,23 @@ func TestReviewFormSendsBackWhatItShows(t *testing.T) {
 		}
 	})
 	t.Run("ANewLineBreakInALineIsRefused", func(t *testing.T) {
-		// As proposed it is approved (ApproveUnchanged's path); typed in
-		// as a marker it is a change, and a subject is one line.
-		if req := approveUnchanged(t, idLineBreak); req.Decision != wire.DecisionApprove {
-			t.Errorf("the proposed subject was not approved as it is: %s", req.Decision)
+		// A subject is one line (the catalogue's rule): proposed with a
+		// line break (an approval from before the rule), it cannot be
+		// approved as it is, and the reviewer's one-line subject is an edit.
+		f := unchangedForm(t, page(t, idLineBreak))
+		r := b.do(t, http.MethodPost, "/review/approvals/"+testUUID(idLineBreak), f, nil)
+		next(t, fa.calls, "approval.get")
+		if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "Subject must be one line (no line breaks).") {
+			t.Errorf("the proposed subject with a line break approved as it is: status %d", r.status)
+		}
+		fa.none(t, "after a refused subject")
+		f.Set("p.subject", "Re: a b")
+		if r := b.do(t, http.MethodPost, "/review/approvals/"+testUUID(idLineBreak), f, nil); r.status != http.StatusSeeOther {
+			t.Fatalf("the subject made one line: status %d %.500s", r.status, r.body)
+		}
+		next(t, fa.calls, "approval.get")
+		if req := next(t, fa.calls, "approval.decide").decide(t); req.Decision != wire.DecisionEdit || !strings.Contains(string(req.Edited), `"subject":"Re: a b"`) {
+			t.Errorf("the brain got %s %s, want the one-line subject as an edit", req.Decision, req.Edited)
 		}
 		for _, lb := range []string{"⟦U+2028⟧", "⟦U+0085⟧", "⟦U+000B⟧"} {
 			f := unchangedForm(t, page(t, idLiteral))

@@ -129,6 +129,7 @@ func TestCheckDraft(t *testing.T) {
 		{"NotJSON", `Dear customer, thanks.`, []string{"not_json"}, ""},
 		{"NulInBodyRefusedByCatalogue", `{"subject":"s","body":"b\u0000c"}`, []string{"params_invalid"}, ""},
 		{"EscapeInSubject", `{"subject":"s\u001b[31m","body":"b"}`, []string{"control_chars"}, ""},
+		{"LineBreakInSubject", `{"subject":"Re\r\nBcc: evil@attacker.example","body":"hi"}`, []string{"params_invalid"}, ""},
 		{"NewlinesAndTabs", `{"subject":"s","body":"Hi,\n\tthanks\r\n"}`, nil, `{"body":"Hi,\n\tthanks\r\n","subject":"s"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
