@@ -19,38 +19,3 @@ func estimateTokens(msgs []model.Message) int64 {
 	}
 	return n
 }
-
-// noPredictLimit is the output allowance of a call whose options bound
-// output by neither num_predict nor num_ctx: no model we run has a larger
-// context than this.
-const noPredictLimit = 32768
-
-// outputAllowance is the most output a call with these options may
-// produce: num_predict when positive; otherwise Ollama bounds it only by
-// the context (num_predict -1 is unlimited, -2 fills the context), so
-// num_ctx, or noPredictLimit.
-func outputAllowance(opts map[string]any) int64 {
-	if n, ok := number(opts["num_predict"]); ok && n > 0 {
-		return n
-	}
-	if n, ok := number(opts["num_ctx"]); ok && n > 0 {
-		return n
-	}
-	return noPredictLimit
-}
-
-// number reads a whole number from an option value: ours are ints, the
-// registry's (decoded JSON) float64s.
-func number(v any) (int64, bool) {
-	switch x := v.(type) {
-	case int:
-		return int64(x), true
-	case int64:
-		return x, true
-	case float64:
-		if x >= -1e15 && x <= 1e15 {
-			return int64(x), true
-		}
-	}
-	return 0, false
-}

@@ -388,7 +388,7 @@ func (r *run) recordAll(step string, calls []engine.ModelCall) error {
 
 // budget says whether what is left of the tenant's daily token budget
 // covers the call: its estimated prompt (estimateTokens) plus the most it
-// may answer (outputAllowance). A budget of 0 means unlimited.
+// may answer (model.OutputAllowance). A budget of 0 means unlimited.
 func (r *run) budget(step string, req model.Request) (string, error) {
 	limit := r.in.Tenant.DailyTokenBudget
 	if limit <= 0 {
@@ -398,7 +398,7 @@ func (r *run) budget(step string, req model.Request) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("model tokens used today: %w", err)
 	}
-	need := estimateTokens(req.Messages) + outputAllowance(req.Options)
+	need := estimateTokens(req.Messages) + model.OutputAllowance(req.Options)
 	if used+need > limit {
 		r.log.Warn("daily model token budget cannot cover the call; item escalated", "step", step,
 			"used", used, "needed", need, "budget", limit)

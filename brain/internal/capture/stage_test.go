@@ -434,11 +434,11 @@ func TestBudgetCoversTheCallBeforeItIsMade(t *testing.T) {
 		})
 	}
 	// An unbounded output (num_predict -1) is charged as the context.
-	if got := outputAllowance(map[string]any{"num_predict": float64(-1), "num_ctx": float64(8192)}); got != 8192 {
+	if got := model.OutputAllowance(map[string]any{"num_predict": float64(-1), "num_ctx": float64(8192)}); got != 8192 {
 		t.Fatalf("allowance %d, want num_ctx", got)
 	}
-	if got := outputAllowance(map[string]any{"num_predict": float64(-2)}); got != noPredictLimit {
-		t.Fatalf("allowance %d, want %d", got, noPredictLimit)
+	if got := model.OutputAllowance(map[string]any{"num_predict": float64(-2)}); got != model.NoPredictLimit {
+		t.Fatalf("allowance %d, want %d", got, model.NoPredictLimit)
 	}
 }
 

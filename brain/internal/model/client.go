@@ -171,15 +171,61 @@ const maxAnswerBytes = 8 << 20
 // logged) so that it can neither overflow the ledger nor any sum of it.
 const MaxCallTokens = 10_000_000
 
-// clampTokens keeps a reported token count within [0, MaxCallTokens].
-func clampTokens(n int) (int64, bool) {
+// clampTokens keeps a reported token count within [0, most].
+func clampTokens(n int, most int64) (int64, bool) {
 	switch {
 	case n < 0:
 		return 0, true
-	case n > MaxCallTokens:
-		return MaxCallTokens, true
+	case int64(n) > most:
+		return most, true
 	}
 	return int64(n), false
+}
+
+// NoPredictLimit is the output allowance of a call whose options bound
+// output by neither num_predict nor num_ctx: no model we run has a larger
+// context than this.
+const NoPredictLimit = 32768
+
+// OutputAllowance is the most output a call with these options may
+// produce: num_predict when positive; otherwise Ollama bounds it only by
+// the context (num_predict -1 is unlimited, -2 fills the context), so
+// num_ctx, or NoPredictLimit. Ollama stops generating at num_predict, so a
+// server counting more output than this is wrong, and the budget reserves
+// this much before a call.
+func OutputAllowance(opts map[string]any) int64 {
+	if n, ok := optionNumber(opts["num_predict"]); ok && n > 0 {
+		return min(n, MaxCallTokens)
+	}
+	if n, ok := optionNumber(opts["num_ctx"]); ok && n > 0 {
+		return min(n, MaxCallTokens)
+	}
+	return NoPredictLimit
+}
+
+// promptAllowance is the most prompt a call with these options may count:
+// Ollama fits the prompt into num_ctx when it is set.
+func promptAllowance(opts map[string]any) int64 {
+	if n, ok := optionNumber(opts["num_ctx"]); ok && n > 0 {
+		return min(n, MaxCallTokens)
+	}
+	return MaxCallTokens
+}
+
+// optionNumber reads a whole number from an option value: ours are ints,
+// the registry's (decoded JSON) float64s.
+func optionNumber(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int:
+		return int64(x), true
+	case int64:
+		return x, true
+	case float64:
+		if x >= -1e15 && x <= 1e15 {
+			return int64(x), true
+		}
+	}
+	return 0, false
 }
 
 // Call is what one HTTP call cost.
@@ -505,11 +551,15 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 	if err == nil {
 		var pc, oc bool
 		call.Outcome = OutcomeOK
-		call.PromptTokens, pc = clampTokens(got.PromptEvalCount)
-		call.OutputTokens, oc = clampTokens(got.EvalCount)
+		// A count beyond what the call allowed is a server's bug or lie,
+		// not usage: booked as it stood, one answer could spend a tenant's
+		// daily budget.
+		most, mostOut := promptAllowance(req.Options), OutputAllowance(req.Options)
+		call.PromptTokens, pc = clampTokens(got.PromptEvalCount, most)
+		call.OutputTokens, oc = clampTokens(got.EvalCount, mostOut)
 		if pc || oc {
-			c.log.Warn("model server reported an implausible token count; clamped",
-				"prompt_tokens", got.PromptEvalCount, "output_tokens", got.EvalCount, "max", MaxCallTokens)
+			c.log.Warn("model server reported an implausible token count; clamped to what the call allowed",
+				"prompt_tokens", got.PromptEvalCount, "output_tokens", got.EvalCount, "max_prompt", most, "max_output", mostOut)
 		}
 		if !sameModel(req.Model, got.Model) {
 			// What the ledger and the decision say answered must be what

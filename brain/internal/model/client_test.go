@@ -363,6 +363,38 @@ func TestChatClampsTokenCounts(t *testing.T) {
 	}
 }
 
+// A count beyond what the call allowed (num_predict for the output, num_ctx
+// for the prompt) is not booked as it stood: one lying answer could spend a
+// tenant's daily budget. Counts within the call's allowance stay exact.
+func TestChatClampsTokenCountsToTheCallsOptions(t *testing.T) {
+	t.Parallel()
+	req := chatReq
+	req.Options = map[string]any{"temperature": 0, "num_predict": 512, "num_ctx": float64(4096)}
+	for _, tc := range []struct {
+		name                   string
+		prompt, output         int
+		wantPrompt, wantOutput int64
+	}{
+		{"Lies", 2_000_000_000, 2_000_000_000, 4096, 512},
+		{"Within", 4096, 512, 4096, 512},
+		{"Small", 300, 40, 300, 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := ollamafake.New(t, func(*api.ChatRequest) ollamafake.Reply {
+				return ollamafake.Reply{Content: "{}", PromptTokens: tc.prompt, OutputTokens: tc.output}
+			})
+			resp, err := newClient(t, f.URL(), nil).Chat(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c := resp.Calls[0]; c.PromptTokens != tc.wantPrompt || c.OutputTokens != tc.wantOutput {
+				t.Fatalf("call %+v, want %d prompt and %d output tokens", c, tc.wantPrompt, tc.wantOutput)
+			}
+		})
+	}
+}
+
 // rawServer answers every call with h, for the misbehaviours the fake
 // server does not speak.
 func rawServer(t *testing.T, h http.HandlerFunc) string {
