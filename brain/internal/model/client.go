@@ -516,6 +516,7 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 	}()
 	start := time.Now()
 	var answer strings.Builder
+	otherModel := false // a chunk named another model than asked
 	err = c.api.Chat(tctx, &api.ChatRequest{
 		Model:     req.Model,
 		Messages:  msgs,
@@ -535,6 +536,9 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 			return fmt.Errorf("the answer came in chunks of more than %d bytes in all", maxAnswerBytes)
 		}
 		answer.WriteString(r.Message.Content)
+		// Every chunk: a proxy may stream another model's answer and name
+		// the one asked for only in the last.
+		otherModel = otherModel || !sameModel(req.Model, r.Model)
 		got = &r
 		return nil
 	})
@@ -561,7 +565,7 @@ func (c *Client) once(ctx context.Context, req Request) (got *api.ChatResponse, 
 			c.log.Warn("model server reported an implausible token count; clamped to what the call allowed",
 				"prompt_tokens", got.PromptEvalCount, "output_tokens", got.EvalCount, "max_prompt", most, "max_output", mostOut)
 		}
-		if !sameModel(req.Model, got.Model) {
+		if otherModel {
 			// What the ledger and the decision say answered must be what
 			// did: a server or proxy that swaps the model is broken, and its
 			// answer is not used (its tokens still count: they were spent).

@@ -737,6 +737,23 @@ func TestChatJoinsAnAnswerStreamedDespiteStreamFalse(t *testing.T) {
 			t.Fatalf("content %q, calls %+v", resp.Content, resp.Calls)
 		}
 	})
+	t.Run("AnotherModelInTheChunks", func(t *testing.T) {
+		// The content comes from another model; only the last, empty
+		// chunk names the one asked for.
+		t.Parallel()
+		url := rawServer(t, func(w http.ResponseWriter, _ *http.Request) {
+			for _, c := range []string{chunk(`{"category":`, false), chunk(`"quote"}`, false)} {
+				io.WriteString(w, strings.Replace(c, `"model":"m"`, `"model":"evil:7b"`, 1))
+				w.(http.Flusher).Flush()
+			}
+			io.WriteString(w, chunk("", true))
+		})
+		resp, err := newClient(t, url, nil).Chat(context.Background(), chatReq)
+		var me *Error
+		if !errors.As(err, &me) || me.Kind != KindWrongModel {
+			t.Fatalf("chunks of another model: %v (content %q), want a wrong-model error", err, resp.Content)
+		}
+	})
 	t.Run("TooLargeInAll", func(t *testing.T) {
 		t.Parallel()
 		piece := chunk(strings.Repeat("x", 1<<20), false)
