@@ -86,7 +86,7 @@ func checkClassification(content string, t *registry.Tenant, v catalogue.Version
 	case conf < 0 || conf > 1:
 		add("confidence_out_of_range", `"confidence" must be a number from 0 to 1.`)
 	default:
-		c.Confidence = conf
+		c.Confidence = conf + 0 // -0 is 0: the decision says 0, not -0
 	}
 	names := make([]string, len(acts))
 	for i, x := range acts {

@@ -91,6 +91,17 @@ func TestCheckClassification(t *testing.T) {
 	}
 }
 
+// A confidence of -0 is 0 in the decision, not "-0".
+func TestCheckClassificationNegativeZeroConfidence(t *testing.T) {
+	t.Parallel()
+	tn := tenant()
+	c, ps := checkClassification(`{"category":"general","priority":"low","confidence":-0,"action":"escalate_item","params":{"reason":"unsure"}}`,
+		tn, 1, choices(tn, 1))
+	if b, _ := json.Marshal(c.Confidence); len(ps) != 0 || string(b) != "0" {
+		t.Fatalf("problems %v, confidence encoded %s, want none and 0", codes(ps), b)
+	}
+}
+
 // With no action offered, the answer is an assessment only.
 func TestCheckClassificationWithoutActions(t *testing.T) {
 	t.Parallel()
