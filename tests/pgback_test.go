@@ -424,6 +424,10 @@ func TestHeldTurnsWaitOutAHostThatAnswersNothing(t *testing.T) {
 	if r := <-answered; r.Status != http.StatusOK {
 		t.Fatalf("%d %s, want 200", r.Status, r.Body)
 	}
+	// The answer can reach the edge before the hold's end is logged.
+	eventually(t, 5*time.Second, "the hold's end logged", func() bool {
+		return brainLines(c.s, "tenant database answers again; its held turns resume") > 0
+	})
 	var resumed []string
 	for _, rec := range brainLog(c.s) {
 		switch {
@@ -463,9 +467,13 @@ func TestHeldTurnsOfADisabledTenantAreRefused(t *testing.T) {
 	})
 	s.registryExec(`UPDATE tenants SET status = 'disabled', updated_at = now() WHERE id = $1`, a.ID)
 	wantRefusal(t, answered, time.Now(), 6*time.Second, http.StatusForbidden, wire.ReasonTenantDisabled)
+	// The probe hands the turns to the workers before it logs the end of
+	// the hold: the refusal can reach the edge first.
+	const resumed = "tenant database answers again; its held turns resume"
+	eventually(t, 5*time.Second, "the hold's end logged", func() bool { return brainLines(s, resumed) > 0 })
 	var answers []string
 	for _, rec := range brainLog(s) {
-		if rec.Msg == "tenant database answers again; its held turns resume" {
+		if rec.Msg == resumed {
 			answers = append(answers, rec.Answer)
 		}
 	}
