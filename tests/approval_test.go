@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -517,6 +518,27 @@ func TestClosedManual(t *testing.T) {
 	if rep2.Items != 2 || rep2.ClosedManual != 1 || rep2.Succeeded != 1 || rep2.ClosedManualRate != 0.5 ||
 		rep2.Approvals.Superseded != 1 || rep2.Approvals.Approved != 1 || rep2.Turnaround.Count != 1 {
 		t.Fatalf("report: %s", r.Body)
+	}
+
+	// The report's scans grow with the tenant's items, on a cluster other
+	// tenants share: it is computed at most once every 10 s per tenant and
+	// since, so a call right after answers the same figures, while another
+	// since is computed afresh.
+	ea.submit(quoteEmail("<after-report@customer.example>")).reply(t)
+	items := func(path string) int {
+		t.Helper()
+		r := ea.do(http.MethodGet, path, nil)
+		var rep wire.OutcomeReport
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &rep) != nil {
+			t.Fatalf("%s: %d %s", path, r.Status, r.Body)
+		}
+		return rep.Items
+	}
+	if n := items("/v1/report"); n != 2 {
+		t.Errorf("the report again at once counts %d items, want the 2 it answered (computed at most every 10 s)", n)
+	}
+	if n := items("/v1/report?since=" + url.QueryEscape(time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))); n != 3 {
+		t.Errorf("the report since an hour ago counts %d items, want 3", n)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/mail"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -68,12 +69,37 @@ type Approvals struct {
 	timers Timers
 	events Events
 	log    *slog.Logger
+
+	reportsMu sync.Mutex
+	reports   map[registry.TenantID]*tenantReports
+}
+
+// The outcome report scans the tenant's work items and approvals, which
+// grow with every turn: a tenant calling api.report.outcomes in a loop
+// would keep its share of the workers running those scans on a cluster
+// other tenants share. So a tenant's reports are computed one at a time on
+// a replica (callers wait for the one running), and each is answered from
+// memory for reportTTL.
+const (
+	reportTTL = 10 * time.Second
+	// reportKeys bounds the reports of one tenant kept (one per since).
+	reportKeys = 16
+)
+
+type tenantReports struct {
+	mu   sync.Mutex // held while a report is computed
+	byAt map[int64]cachedReport
+}
+
+type cachedReport struct {
+	at  time.Time
+	rep wire.OutcomeReport
 }
 
 // New returns the approval component: events forwards the events it
 // writes, and timers bring a tenant's approvals back when they expire.
 func New(pools Pools, timers Timers, events Events, log *slog.Logger) *Approvals {
-	return &Approvals{pools: pools, timers: timers, events: events, log: log}
+	return &Approvals{pools: pools, timers: timers, events: events, log: log, reports: map[registry.TenantID]*tenantReports{}}
 }
 
 // ensureExpiry makes t's expiry timer fire by an approval's expiry, without
@@ -395,7 +421,36 @@ func (a *Approvals) AckEvent(ctx context.Context, t *registry.Tenant, req *wire.
 }
 
 // Report serves api.report.outcomes.
+// A report is at most reportTTL old (see reportTTL).
 func (a *Approvals) Report(ctx context.Context, t *registry.Tenant, req *wire.ReportRequest) (*wire.OutcomeReport, error) {
+	a.reportsMu.Lock()
+	tr := a.reports[t.ID]
+	if tr == nil {
+		tr = &tenantReports{byAt: map[int64]cachedReport{}}
+		a.reports[t.ID] = tr
+	}
+	a.reportsMu.Unlock()
+	var since int64 // 0: everything
+	if req.Since != nil {
+		since = req.Since.UnixNano()
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if c, ok := tr.byAt[since]; ok && time.Since(c.at) < reportTTL {
+		return &c.rep, nil
+	}
+	r, err := a.report(ctx, t, req)
+	if err != nil {
+		return nil, err
+	}
+	if len(tr.byAt) >= reportKeys {
+		clear(tr.byAt)
+	}
+	tr.byAt[since] = cachedReport{at: time.Now(), rep: *r}
+	return r, nil
+}
+
+func (a *Approvals) report(ctx context.Context, t *registry.Tenant, req *wire.ReportRequest) (*wire.OutcomeReport, error) {
 	pool, release, err := a.pools.Lease(ctx, t)
 	if err != nil {
 		return nil, err
