@@ -269,6 +269,86 @@ func BenchmarkTurnCommitConstraints(b *testing.B) {
 	}
 }
 
+// BenchmarkTurnWAL measures what the turn's commit (approvalTurn) and the
+// floor's single-row commit write to the WAL, per commit and by record kind,
+// from the WAL between the first and the last of b.N commits of each
+// (pg_walinspect, created by the admin role: a diagnostic, never how the
+// brain runs). The WAL a commit waits to flush is the one lever the flush
+// wait has, beside the number of commits:
+//
+//	go test -run '^$' -bench '^BenchmarkTurnWAL$' -benchtime 1000x -v ./brain/internal/store/
+func BenchmarkTurnWAL(b *testing.B) {
+	ctx := context.Background()
+	pool := tenantDB(b, 0)
+	if _, err := pool.Exec(ctx, `CREATE TABLE floor (id uuid PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		b.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, testdb.AdminURL(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
+		b.Fatal(err)
+	}
+	lsn := func() string {
+		var s string
+		if err := admin.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&s); err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	var seq int
+	shapes := []commitShape{
+		{"floor", func() error {
+			_, err := pool.Exec(ctx, `INSERT INTO floor (id) VALUES ($1)`, uuid.New())
+			return err
+		}},
+		{"turn", func() error {
+			seq++
+			return TurnCommit(ctx, pool, approvalTurn(fmt.Sprintf("<wal-%d@bench>", seq), true))
+		}},
+	}
+	total := map[string]float64{}
+	for _, sh := range shapes {
+		b.Run(sh.name, func(b *testing.B) {
+			for range 50 { // warm-up: connections, prepared statements, the tables' first pages
+				if err := sh.op(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			from := lsn()
+			for range b.N {
+				if err := sh.op(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rows, err := admin.Query(ctx, `SELECT "resource_manager/record_type", count, record_size, fpi_size
+				FROM pg_get_wal_stats($1::pg_lsn, $2::pg_lsn, true) WHERE count > 0`, from, lsn())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer rows.Close()
+			n, bytes := float64(b.N), 0.0
+			for rows.Next() {
+				var kind string
+				var count, size, fpi int64
+				if err := rows.Scan(&kind, &count, &size, &fpi); err != nil {
+					b.Fatal(err)
+				}
+				bytes += float64(size + fpi)
+				b.Logf("%s: %s %.2f records, %.0f bytes (%.0f of full pages) a commit", sh.name, kind, float64(count)/n, float64(size+fpi)/n, float64(fpi)/n)
+			}
+			if err := rows.Err(); err != nil {
+				b.Fatal(err)
+			}
+			total[sh.name] = bytes / n
+			b.ReportMetric(bytes/n, "wal_bytes/op")
+		})
+	}
+	b.Logf("WAL a commit: turn %.0f bytes, floor %.0f bytes, %.1f×", total["turn"], total["floor"], total["turn"]/total["floor"])
+}
+
 // commitShape is one operation a commit benchmark times.
 type commitShape struct {
 	name string
