@@ -7,6 +7,8 @@ package catalogue
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,6 +61,15 @@ type Param struct {
 	// published, and only holds a parameter to what its description already
 	// says it is (a line), so it changes no published meaning or hash.
 	OneLine bool `json:"-"`
+	// FromItem: the brain sets the parameter from the work item
+	// (WithItemParams), never a rule or a model: create_job's external_ref,
+	// the reference that keeps n8n from creating a job twice, is one per
+	// item. Written by a model it could name another item's job (an e-mail
+	// asking for it, a model mistaken), and the job would never be made;
+	// fixed in a rule, every item it decides would share one. Not part of
+	// Canonical, like OneLine: its description already said "the reference
+	// a job for this item carries".
+	FromItem bool `json:"-"`
 }
 
 // LineBreaks are what a one-line string may not hold: CR, LF and the other
@@ -157,6 +168,78 @@ func cloneAction(a Action) Action {
 		a.Params[i].Enum = slices.Clone(a.Params[i].Enum)
 	}
 	return a
+}
+
+// ItemRef is the reference of work item workItemID's effect: the same for
+// every turn of the item, another for every other item, and short and plain
+// whatever the item's id (an e-mail's Message-ID) holds.
+func ItemRef(workItemID string) string {
+	sum := sha256.Sum256([]byte(workItemID))
+	return "n8nbrain-" + hex.EncodeToString(sum[:16])
+}
+
+// WithItemParams sets the action's FromItem parameters of raw, a JSON
+// object, to workItemID's ItemRef, whatever they held; an action without
+// any gets raw back as it is.
+func (a Action) WithItemParams(raw json.RawMessage, workItemID string) (json.RawMessage, error) {
+	var fromItem []string
+	for _, p := range a.Params {
+		if p.FromItem {
+			fromItem = append(fromItem, p.Name)
+		}
+	}
+	if len(fromItem) == 0 {
+		return raw, nil
+	}
+	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+		raw = json.RawMessage(`{}`)
+	}
+	fields, err := decodeObject(raw)
+	if err != nil {
+		return nil, &ParamError{Action: a.Name, Problem: err.Error()}
+	}
+	ref, _ := json.Marshal(ItemRef(workItemID))
+	for _, name := range fromItem {
+		fields[name] = ref
+	}
+	return json.Marshal(fields)
+}
+
+// ValidateRuleParams checks a rule's parameters as ValidateParams does,
+// except those the brain sets from the work item (FromItem), which a rule
+// may not give; it returns them in canonical form, without those.
+func (a Action) ValidateRuleParams(raw json.RawMessage) (json.RawMessage, error) {
+	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+		raw = json.RawMessage(`{}`)
+	}
+	fields, err := decodeObject(raw)
+	if err != nil {
+		return nil, &ParamError{Action: a.Name, Problem: err.Error()}
+	}
+	for _, p := range a.Params {
+		if _, given := fields[p.Name]; given && p.FromItem {
+			return nil, &ParamError{Action: a.Name, Param: p.Name,
+				Problem: "is set by the brain, one for each work item; leave it out of the rule"}
+		}
+	}
+	withRef, err := a.WithItemParams(raw, "")
+	if err != nil {
+		return nil, err
+	}
+	canon, err := a.ValidateParams(withRef)
+	if err != nil || bytes.Equal(withRef, raw) {
+		return canon, err
+	}
+	var out map[string]json.RawMessage
+	if err := json.Unmarshal(canon, &out); err != nil {
+		return nil, err
+	}
+	for _, p := range a.Params {
+		if p.FromItem {
+			delete(out, p.Name)
+		}
+	}
+	return json.Marshal(out)
 }
 
 // ParamError says which parameter of which action is wrong.

@@ -189,3 +189,47 @@ func TestParamsSchemaListsRequired(t *testing.T) {
 		t.Fatal("schema must forbid additional properties")
 	}
 }
+
+// create_job's external_ref is the brain's, from the work item: the same
+// for every turn of an item, another for another item, whatever a rule or a
+// model wrote; a rule may not give it.
+func TestExternalRefIsSetFromTheItem(t *testing.T) {
+	t.Parallel()
+	job, _ := Lookup(1, CreateJob)
+	ref := ItemRef("<a@customer.example>")
+	if ref != ItemRef("<a@customer.example>") || ref == ItemRef("<b@customer.example>") || !strings.HasPrefix(ref, "n8nbrain-") || len(ref) != 41 {
+		t.Fatalf("ItemRef gives %q", ref)
+	}
+	got, err := job.WithItemParams(json.RawMessage(`{"title":"t","description":"d","external_ref":"JOB-OF-ANOTHER-ITEM"}`), "<a@customer.example>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	canon, err := job.ValidateParams(got)
+	if err != nil || string(canon) != `{"description":"d","external_ref":"`+ref+`","title":"t"}` {
+		t.Fatalf("with the item's reference: %s, %v", canon, err)
+	}
+	draft, _ := Lookup(1, DraftReply)
+	if raw := json.RawMessage(` {"subject":"s","body":"b"}`); string(must(draft.WithItemParams(raw, "x"))) != string(raw) {
+		t.Error("an action without such parameters was rewritten")
+	}
+
+	rule, err := job.ValidateRuleParams(json.RawMessage(`{"title":"Leak","description":"Fix it"}`))
+	if err != nil || string(rule) != `{"description":"Fix it","title":"Leak"}` {
+		t.Fatalf("a rule's create_job: %s, %v", rule, err)
+	}
+	var pe *ParamError
+	if _, err := job.ValidateRuleParams(json.RawMessage(`{"title":"Leak","description":"Fix it","external_ref":"r1"}`)); !errors.As(err, &pe) ||
+		pe.Param != "external_ref" || !strings.Contains(err.Error(), "is set by the brain") {
+		t.Fatalf("a rule giving external_ref: %v", err)
+	}
+	if _, err := job.ValidateRuleParams(json.RawMessage(`{"title":"Leak"}`)); !errors.As(err, &pe) || pe.Param != "description" {
+		t.Fatalf("a rule missing description: %v", err)
+	}
+}
+
+func must(b json.RawMessage, err error) json.RawMessage {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -74,7 +74,7 @@ var forms = map[Version]map[Name]formText{
 			"title":        {label: "Job title", help: "A short name for the job."},
 			"description":  {label: "What has to be done", multiline: true},
 			"site_address": {label: "Site address", help: "Where the work is, if known. Leave empty if not."},
-			"external_ref": {label: "Reference", help: "The job system stores this reference so the same job is never created twice. It cannot be changed.", readOnly: true},
+			"external_ref": {label: "Reference", help: "Set by the brain for this e-mail: the job system stores it so that the same job is never created twice. It cannot be changed.", readOnly: true},
 		}},
 		EscalateItem: {title: "Hand to a person", fields: map[string]fieldText{
 			"reason": {label: "Why a person must decide", multiline: true},

@@ -53,7 +53,7 @@ func v1() Catalogue {
 					{Name: "title", Type: TypeString, Required: true, MaxLength: 200, Description: "Short title of the job."},
 					{Name: "description", Type: TypeString, Required: true, MaxLength: 5000, Description: "What has to be done."},
 					{Name: "site_address", Type: TypeString, MaxLength: 500, Description: "Where, when known."},
-					{Name: "external_ref", Type: TypeString, Required: true, MaxLength: 600, Description: "Reconciliation: the reference a job for this item carries; do not create a job if one with this reference exists, report closed_manual instead."},
+					{Name: "external_ref", Type: TypeString, Required: true, MaxLength: 600, FromItem: true, Description: "Reconciliation: the reference a job for this item carries; do not create a job if one with this reference exists, report closed_manual instead."},
 				},
 			},
 			{

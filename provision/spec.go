@@ -188,7 +188,7 @@ func validateSpec(s TenantSpec) (TenantSpec, error) {
 		if !slices.Contains(s.EnabledActions, r.Action) {
 			bad("rule %q: action %s is not enabled for tenant %s", name, r.Action, s.ID)
 		}
-		params, err := action.ValidateParams(r.Params)
+		params, err := action.ValidateRuleParams(r.Params)
 		if err != nil {
 			bad("rule %q: %v", name, err)
 			continue

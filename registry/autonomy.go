@@ -24,7 +24,7 @@ import (
 // internals, checks eval evidence against. capture's prompt test pins the
 // prompts' text to these versions.
 const (
-	PromptClassify = "classify-v2"
+	PromptClassify = "classify-v3"
 	PromptDraft    = "draft-v2"
 )
 

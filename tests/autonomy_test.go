@@ -21,7 +21,7 @@ var actRe = regexp.MustCompile(`\[act:(\w+)\]`)
 // carries [act:<name>]: a valid classification choosing that action.
 var autonomyChoices = map[string]string{
 	"draft_reply":        `{"category":"quote_request","priority":"high","confidence":0.9,"action":"draft_reply","params":{}}`,
-	"create_job":         `{"category":"booking","priority":"high","confidence":0.9,"action":"create_job","params":{"title":"Fix the gate","description":"The side gate hinge is broken.","site_address":"17 Side St","external_ref":"email-gate-17"}}`,
+	"create_job":         `{"category":"booking","priority":"high","confidence":0.9,"action":"create_job","params":{"title":"Fix the gate","description":"The side gate hinge is broken.","site_address":"17 Side St"}}`,
 	"close_item":         `{"category":"complaint","priority":"normal","confidence":0.97,"action":"close_item","params":{"resolution":"resolved at the sender's request"}}`,
 	"escalate_item":      `{"category":"complaint","priority":"urgent","confidence":0.6,"action":"escalate_item","params":{"reason":"an angry customer"}}`,
 	"send_reply":         `{"category":"general","priority":"low","confidence":0.9,"action":"send_reply","params":{"approval_id":"6f1c1c9e-3b4f-4c3e-9d0a-1a2b3c4d5e6f","content_sha256":"` + fmt.Sprintf("%064d", 0) + `","abort_if_replied_since":"2026-01-01T00:00:00Z"}}`,
@@ -81,7 +81,7 @@ func TestAutonomyAssistModelActionsStopForAHuman(t *testing.T) {
 	}{
 		{action: "draft_reply", next: "send_reply", nextStatus: wire.WorkItemStatusOpen},
 		{action: "create_job", next: "create_job", nextStatus: wire.WorkItemStatusOpen,
-			edit: map[string]any{"title": "Fix the side gate", "description": "Replace the broken hinge.", "external_ref": "email-gate-17"}},
+			edit: map[string]any{"title": "Fix the side gate", "description": "Replace the broken hinge."}},
 		{action: "close_item", next: "close_item", nextStatus: wire.WorkItemStatusClosed,
 			edit: map[string]any{"resolution": "checked by a human: nothing to do"}},
 	} {
@@ -109,6 +109,9 @@ func TestAutonomyAssistModelActionsStopForAHuman(t *testing.T) {
 			}
 			want := rep.Action.Params
 			if tc.edit != nil {
+				if tc.action == "create_job" {
+					tc.edit["external_ref"] = catalogue.ItemRef(id) // the brain's, kept by an edit
+				}
 				dr := ea.decide(ap.ID, "edit", map[string]any{"by": "alice", "params": tc.edit})
 				if dr.Status != http.StatusOK {
 					t.Fatalf("edit: %d %s", dr.Status, dr.Body)

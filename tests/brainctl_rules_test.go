@@ -245,7 +245,7 @@ func TestBrainctlRulesImportExportAndTest(t *testing.T) {
 			"wrongtype.json:3:18", []string{"confidence must be a number, not text"}},
 		{"ActionNotEnabled", "jobs.yaml", "rules:\n  - name: ok\n    match: {subject_keywords: [x]}\n    category: general\n    priority: low\n    confidence: 0.5\n" +
 			"  - name: jobs\n    match: {subject_keywords: [leak]}\n    category: booking\n    priority: urgent\n    action: create_job\n" +
-			"    params: {title: Leak, description: Fix it, external_ref: r1}\n    confidence: 0.9\n",
+			"    params: {title: Leak, description: Fix it}\n    confidence: 0.9\n",
 			"jobs.yaml", []string{"jobs.yaml:7: rule \"jobs\": action create_job is not enabled for tenant rulesy"}},
 		{"ActionNotInCatalogue", "fax.yaml", "rules:\n  - name: fax\n    match: {subject_keywords: [fax]}\n    category: general\n    priority: low\n    action: send_fax\n    confidence: 0.9\n",
 			"fax.yaml", []string{"fax.yaml:2: rule \"fax\": action send_fax is not in catalogue version 1"}},

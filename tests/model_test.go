@@ -94,7 +94,7 @@ func TestModelAssessesAndDrafts(t *testing.T) {
 	db := s.tenantDB(a)
 	rows := ledger(t, db, req.WorkItemID)
 	wantRows := []ledgerRow{
-		{Step: "classify", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "classify-v2", PromptTokens: 412, OutputTokens: 31, Outcome: "ok"},
+		{Step: "classify", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "classify-v3", PromptTokens: 412, OutputTokens: 31, Outcome: "ok"},
 		{Step: "draft", Attempt: 1, Model: "tenant-model:3b", PromptVersion: "draft-v2", PromptTokens: 388, OutputTokens: 57, Outcome: "ok"},
 	}
 	if !slices.Equal(rows, wantRows) {

@@ -194,8 +194,9 @@ func TestReviewPageInBrowser(t *testing.T) {
 
 	t.Run("EditJob", func(t *testing.T) {
 		alice.do(t, chromedp.Click(css("#next")), chromedp.WaitVisible(css("#approve-form")))
-		alice.wantText(t, "Create a job for Smith & Sons", "Reference (cannot be changed)", "job-ref-1",
-			"a job is created in your job system", "job-ref-1. If a job with that reference already exists, no second one is made")
+		ref := catalogue.ItemRef("<leak@smith.example>") // the brain's, one for each e-mail
+		alice.wantText(t, "Create a job for Smith & Sons", "Reference (cannot be changed)", ref, "Set by the brain for this e-mail",
+			"a job is created in your job system", ref+". If a job with that reference already exists, no second one is made")
 		inputs := eval[int](t, alice, `document.querySelectorAll('[name="p.external_ref"]').length`)
 		if inputs != 0 {
 			t.Errorf("external_ref is editable: %d form controls", inputs)
@@ -210,7 +211,7 @@ func TestReviewPageInBrowser(t *testing.T) {
 		status, by, edited, _ := rs.approvalRow(t, job)
 		var p map[string]string
 		_ = json.Unmarshal(edited, &p)
-		if status != "approved" || by != "reviewer:alice" || p["title"] != "Fix the kitchen leak" || p["site_address"] != "1 High St" || p["external_ref"] != "job-ref-1" {
+		if status != "approved" || by != "reviewer:alice" || p["title"] != "Fix the kitchen leak" || p["site_address"] != "1 High St" || p["external_ref"] != catalogue.ItemRef("<leak@smith.example>") {
 			t.Errorf("recorded %s by %s with %s", status, by, edited)
 		}
 	})

@@ -21,7 +21,7 @@ func reviewSpec(id string) provision.TenantSpec {
 	sp.Rules = append(sp.Rules,
 		registry.Rule{Name: "jobs", Match: registry.Match{SubjectKeywords: []string{"leak"}},
 			Category: "booking", Priority: "urgent", Action: catalogue.CreateJob, Confidence: 0.9,
-			Params: json.RawMessage(`{"title":"Fix leak for Smith & Sons","description":"Water is coming through the ceiling.","external_ref":"job-ref-1"}`)},
+			Params: json.RawMessage(`{"title":"Fix leak for Smith & Sons","description":"Water is coming through the ceiling."}`)},
 		registry.Rule{Name: "hellos", Match: registry.Match{SubjectKeywords: []string{"hello"}},
 			Category: "general", Priority: "low", Action: catalogue.DraftReply, Confidence: 0.8,
 			Params: json.RawMessage(`{"subject":"Re: hello","body":"Hello to you too."}`)},
@@ -185,7 +185,8 @@ func TestEditedJobIsTheJobCreated(t *testing.T) {
 	if e := ea.decide(apID, "edit", map[string]any{"by": "alice", "params": changedRef}).error(t, http.StatusBadRequest); e.Field != "edited.external_ref" {
 		t.Fatalf("an edit of external_ref: %+v", e)
 	}
-	edited := map[string]string{"title": "Fix kitchen leak", "description": "Ceiling", "site_address": "1 High St", "external_ref": "job-ref-1"}
+	// The reference is the brain's, from the item: the edit keeps it.
+	edited := map[string]string{"title": "Fix kitchen leak", "description": "Ceiling", "site_address": "1 High St", "external_ref": catalogue.ItemRef(id)}
 	if r := ea.decide(apID, "edit", map[string]any{"by": "alice", "params": edited}); r.Status != http.StatusOK {
 		t.Fatalf("edit: %d %s", r.Status, r.Body)
 	}

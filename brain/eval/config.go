@@ -116,7 +116,7 @@ func (f *TenantFile) tenant() (*registry.Tenant, []string) {
 			case !t.ActionEnabled(rule.Action):
 				bad("rule %q: action %s is not enabled", r.Name, r.Action)
 			default:
-				canon, err := a.ValidateParams(r.Params)
+				canon, err := a.ValidateRuleParams(r.Params)
 				if err != nil {
 					bad("rule %q: %v", r.Name, err)
 				}

@@ -64,7 +64,7 @@ func scoredScript(req *api.ChatRequest) ollamafake.Reply {
 		case "Deck lights", "Hot water":
 			return reply(`{"category":"quote_request","priority":"high","confidence":0.9,"action":"draft_reply","params":{}}`)
 		case "Tap":
-			return reply(`{"category":"general","priority":"normal","confidence":0.6,"action":"create_job","params":{"title":"Tap","description":"Fix the tap","external_ref":"r1"}}`)
+			return reply(`{"category":"general","priority":"normal","confidence":0.6,"action":"create_job","params":{"title":"Tap","description":"Fix the tap"}}`)
 		case "Angry":
 			if !repair {
 				return reply(`Sure! Here is the JSON: {"category": "complaint"`)

@@ -147,7 +147,7 @@ func Classification(l eval.Labels) string {
 	action, params := l.Action, any(map[string]any{})
 	switch catalogue.Name(l.Action) {
 	case catalogue.CreateJob:
-		params = map[string]string{"title": "Job from e-mail", "description": "As described in the e-mail.", "external_ref": "eval-job"}
+		params = map[string]string{"title": "Job from e-mail", "description": "As described in the e-mail."}
 	case catalogue.CloseItem:
 		params = map[string]string{"resolution": "nothing to do"}
 	}

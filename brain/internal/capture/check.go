@@ -143,9 +143,13 @@ func checkDraft(content string, t *registry.Tenant, v catalogue.Version, a catal
 // canonical form. where is "params" when they are a member of the answer,
 // "" when they are the whole answer.
 func checkParams(raw json.RawMessage, t *registry.Tenant, v catalogue.Version, a catalogue.Action, where string) (json.RawMessage, []problem) {
-	names := make([]string, len(a.Params))
-	for i, p := range a.Params {
-		names[i] = p.Name
+	// What the brain sets from the work item is not the model's: not in
+	// its schema, so given, it is a parameter the action does not have.
+	var names []string
+	for _, p := range a.Params {
+		if !p.FromItem {
+			names = append(names, p.Name)
+		}
 	}
 	fields, ps := members(string(raw), names, false, where)
 	if fields == nil {
@@ -163,6 +167,9 @@ func checkParams(raw json.RawMessage, t *registry.Tenant, v catalogue.Version, a
 			plural(n, "One of the parameters given is", "of the parameters given are"), a.Name, strings.Join(names, ", "))})
 	}
 	for _, p := range a.Params {
+		if p.FromItem {
+			continue
+		}
 		val, ok := fields[p.Name]
 		if !ok {
 			if p.Required {
@@ -186,6 +193,11 @@ func checkParams(raw json.RawMessage, t *registry.Tenant, v catalogue.Version, a
 	}
 	if len(ps) > 0 {
 		return nil, ps
+	}
+	// Admitted with a placeholder for them; the stage sets the item's.
+	raw, err := a.WithItemParams(raw, "")
+	if err != nil {
+		return nil, []problem{paramsProblem(a, err)}
 	}
 	adm, err := engine.Admit(t, v, a.Name, raw)
 	if err != nil {

@@ -303,3 +303,24 @@ func TestRepairNamesEveryProblem(t *testing.T) {
 		}
 	}
 }
+
+// create_job's external_ref is not the model's: its schema has none, an
+// answer without it is a job (the stage sets the item's reference), and an
+// answer that gives one anyway names a parameter the action does not have.
+func TestModelWritesNoExternalRef(t *testing.T) {
+	t.Parallel()
+	tn := tenant()
+	tn.EnabledActions = append(tn.EnabledActions, catalogue.CreateJob)
+	acts := choices(tn, 1)
+	if s := string(classifySchema(tn, acts)); strings.Contains(s, "external_ref") || !strings.Contains(s, `"site_address"`) {
+		t.Fatalf("the model's schema: %s", s)
+	}
+	c, ps := checkClassification(`{"category":"general","priority":"low","confidence":0.9,"action":"create_job","params":{"title":"t","description":"d"}}`, tn, 1, acts)
+	if len(ps) != 0 || c.Action != catalogue.CreateJob {
+		t.Fatalf("a job without a reference: %+v %v", c, codes(ps))
+	}
+	_, ps = checkClassification(`{"category":"general","priority":"low","confidence":0.9,"action":"create_job","params":{"title":"t","description":"d","external_ref":"JOB-OF-ANOTHER-ITEM"}}`, tn, 1, acts)
+	if got := codes(ps); !slices.Equal(got, []string{"params_invalid"}) || strings.Contains(repairMessage(ps), "JOB-OF") {
+		t.Fatalf("a job with the model's reference: problems %v, repair %q", got, repairMessage(ps))
+	}
+}

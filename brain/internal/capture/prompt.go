@@ -258,7 +258,14 @@ func paramsSchema(a catalogue.Action) ordered {
 	s := a.ParamsSchema()
 	props, _ := s["properties"].(map[string]any)
 	var po ordered
+	var required []string
 	for _, p := range a.Params {
+		if p.FromItem {
+			continue // the brain sets it from the work item
+		}
+		if p.Required {
+			required = append(required, p.Name)
+		}
 		ps, _ := props[p.Name].(map[string]any)
 		if n, ok := ps["maxLength"].(int); ok && n > maxSchemaLength {
 			delete(ps, "maxLength")
@@ -268,7 +275,7 @@ func paramsSchema(a catalogue.Action) ordered {
 	return ordered{
 		{"type", "object"},
 		{"properties", po},
-		{"required", s["required"]},
+		{"required", required},
 		{"additionalProperties", false},
 	}
 }

@@ -17,7 +17,7 @@ import (
 // fails, bump the version in registry (PromptClassify, PromptDraft) and
 // record the new fingerprint here.
 var promptFingerprints = map[string]string{
-	PromptClassify: "2774971058af452e052cdd74f4a6c2fa8b7151ba13f0905467a7e35419332113",
+	PromptClassify: "550a9a51af003bb2b150098b0887ed63c71eb12fbfa690978f36fd76552af46c",
 	PromptDraft:    "8988d5756c0172d0da9347ffb10fd145fdf59dfab9cb8efbd5db2d48a1dffcfd",
 }
 

@@ -241,6 +241,9 @@ func (e *Engine) fromRule(in *Input, r *registry.Rule) Outcome {
 		return Outcome{Assessment: a, Status: wire.WorkItemStatusOpen}
 	}
 	p, err := e.admitRule(in.Tenant, in.Item.CatalogueVersion, r)
+	if err == nil {
+		p, err = forItem(p, in.Item.ID)
+	}
 	if err != nil {
 		return Escalate(in, a, ReasonRuleActionNotEnabled)
 	}
@@ -260,7 +263,17 @@ func (e *Engine) admitRule(t *registry.Tenant, v catalogue.Version, r *registry.
 		a := got.(admitted)
 		return a.p, a.err
 	}
-	p, err := Admit(t, v, r.Action, r.Params)
+	// Admitted with a placeholder for what the brain sets from the work
+	// item (fromRule sets it per item): a rule does not give it.
+	params := r.Params
+	var err error
+	if a, ok := catalogue.Lookup(v, r.Action); ok {
+		params, err = a.WithItemParams(params, "")
+	}
+	p := Proposal{}
+	if err == nil {
+		p, err = Admit(t, v, r.Action, params)
+	}
 	if e.ruleCount.Add(1) > maxCachedRules {
 		e.rules.Clear()
 		e.ruleCount.Store(1)
@@ -285,7 +298,13 @@ func (e *Engine) guard(in *Input, out Outcome) Outcome {
 	if out.Action == nil {
 		return out
 	}
-	p, err := Admit(in.Tenant, in.Item.CatalogueVersion, out.Action.Action.Name, out.Action.Params)
+	// What the brain sets from the item, it sets here, whatever the stage
+	// proposed (catalogue.Param.FromItem).
+	params, err := out.Action.Action.WithItemParams(out.Action.Params, in.Item.ID)
+	p := Proposal{}
+	if err == nil {
+		p, err = Admit(in.Tenant, in.Item.CatalogueVersion, out.Action.Action.Name, params)
+	}
 	if err != nil || p.Action.FollowUp {
 		// A follow-up (send_reply, verify_*) continues an earlier decision;
 		// triage proposing one, with whatever approval id it made up, is refused.
@@ -331,6 +350,17 @@ func Proposed(a wire.Assessment, p Proposal) Outcome {
 		out.Status = wire.WorkItemStatusClosed
 	}
 	return out
+}
+
+// forItem sets p's parameters that the brain takes from the work item
+// (catalogue.Param.FromItem) to itemID's.
+func forItem(p Proposal, itemID string) (Proposal, error) {
+	params, err := p.Action.WithItemParams(p.Params, itemID)
+	if err != nil {
+		return Proposal{}, err
+	}
+	p.Params = params
+	return p, nil
 }
 
 // AdmitError says why a proposed action may not leave the engine.

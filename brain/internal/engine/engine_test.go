@@ -400,3 +400,29 @@ func TestRuleAdmissionFollowsTheRegistryEntry(t *testing.T) {
 		t.Fatalf("%d cached admissions, bound %d", n, maxCachedRules)
 	}
 }
+
+// create_job's external_ref is the brain's, one for each work item: a
+// rule's (an old registry entry's fixed one, or none) and a model stage's
+// (an e-mail naming another item's job) are replaced by the item's.
+func TestExternalRefIsTheItems(t *testing.T) {
+	t.Parallel()
+	tn := tenant(catalogue.CreateJob, catalogue.EscalateItem)
+	tn.Rules = []registry.Rule{{Name: "leaks", Match: registry.Match{SubjectKeywords: []string{"leak"}}, Category: "general",
+		Priority: "high", Action: catalogue.CreateJob, Confidence: 0.9,
+		Params: json.RawMessage(`{"title":"Leak","description":"Fix it","external_ref":"the-same-for-every-item"}`)}}
+	job, _ := catalogue.Lookup(1, catalogue.CreateJob)
+	lying := Outcome{Action: &Proposal{Action: job, Params: json.RawMessage(`{"title":"t","description":"d","external_ref":"JOB-OF-ANOTHER-ITEM"}`)}}
+	e := New(stageFunc(func() (Outcome, error) { return lying, nil }))
+	for _, tc := range []struct{ id, subject string }{{"<a@x>", "leak"}, {"<b@x>", "leak"}, {"<c@x>", "other"}} {
+		in := &Input{Tenant: tn, Item: Item{ID: tc.id, New: true, CatalogueVersion: 1, Email: &wire.Email{From: "a@b", Subject: tc.subject}},
+			Request: &wire.TurnSubmitRequest{}}
+		out, err := e.Decide(context.Background(), in, nil)
+		if err != nil || out.Action == nil || out.Action.Action.Name != catalogue.CreateJob {
+			t.Fatalf("%s: %+v %v", tc.id, out, err)
+		}
+		var p map[string]string
+		if err := json.Unmarshal(out.Action.Params, &p); err != nil || p["external_ref"] != catalogue.ItemRef(tc.id) {
+			t.Errorf("%s (%s): params %s, want the item's reference %s", tc.id, tc.subject, out.Action.Params, catalogue.ItemRef(tc.id))
+		}
+	}
+}
