@@ -299,8 +299,12 @@ func (e *Engine) guard(in *Input, out Outcome) Outcome {
 		return out
 	}
 	// What the brain sets from the item, it sets here, whatever the stage
-	// proposed (catalogue.Param.FromItem).
-	params, err := out.Action.Action.WithItemParams(out.Action.Params, in.Item.ID)
+	// proposed (catalogue.Param.FromItem), by the catalogue's action of
+	// that name, not the stage's.
+	params, err := out.Action.Params, error(nil)
+	if a, ok := catalogue.Lookup(in.Item.CatalogueVersion, out.Action.Action.Name); ok {
+		params, err = a.WithItemParams(params, in.Item.ID)
+	}
 	p := Proposal{}
 	if err == nil {
 		p, err = Admit(in.Tenant, in.Item.CatalogueVersion, out.Action.Action.Name, params)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -413,6 +414,16 @@ func TestExternalRefIsTheItems(t *testing.T) {
 	job, _ := catalogue.Lookup(1, catalogue.CreateJob)
 	lying := Outcome{Action: &Proposal{Action: job, Params: json.RawMessage(`{"title":"t","description":"d","external_ref":"JOB-OF-ANOTHER-ITEM"}`)}}
 	e := New(stageFunc(func() (Outcome, error) { return lying, nil }))
+	// A stage whose proposal carries only the action's name: the gate goes
+	// by the catalogue's action, not the stage's.
+	bare := Outcome{Action: &Proposal{Action: catalogue.Action{Name: catalogue.CreateJob}, Params: lying.Action.Params}}
+	bareStage := New(stageFunc(func() (Outcome, error) { return bare, nil }))
+	in := &Input{Tenant: tn, Item: Item{ID: "<d@x>", New: true, CatalogueVersion: 1, Email: &wire.Email{From: "a@b", Subject: "other"}},
+		Request: &wire.TurnSubmitRequest{}}
+	if out, err := bareStage.Decide(context.Background(), in, nil); err != nil || out.Action == nil ||
+		!strings.Contains(string(out.Action.Params), catalogue.ItemRef("<d@x>")) {
+		t.Errorf("a bare proposal: %+v %v, want the item's reference", out, err)
+	}
 	for _, tc := range []struct{ id, subject string }{{"<a@x>", "leak"}, {"<b@x>", "leak"}, {"<c@x>", "other"}} {
 		in := &Input{Tenant: tn, Item: Item{ID: tc.id, New: true, CatalogueVersion: 1, Email: &wire.Email{From: "a@b", Subject: tc.subject}},
 			Request: &wire.TurnSubmitRequest{}}
