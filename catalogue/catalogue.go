@@ -182,21 +182,13 @@ func ItemRef(workItemID string) string {
 // object, to workItemID's ItemRef, whatever they held; an action without
 // any gets raw back as it is.
 func (a Action) WithItemParams(raw json.RawMessage, workItemID string) (json.RawMessage, error) {
-	var fromItem []string
-	for _, p := range a.Params {
-		if p.FromItem {
-			fromItem = append(fromItem, p.Name)
-		}
-	}
+	fromItem := a.fromItem()
 	if len(fromItem) == 0 {
 		return raw, nil
 	}
-	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
-		raw = json.RawMessage(`{}`)
-	}
-	fields, err := decodeObject(raw)
+	fields, err := a.fields(raw)
 	if err != nil {
-		return nil, &ParamError{Action: a.Name, Problem: err.Error()}
+		return nil, err
 	}
 	ref, _ := json.Marshal(ItemRef(workItemID))
 	for _, name := range fromItem {
@@ -209,16 +201,17 @@ func (a Action) WithItemParams(raw json.RawMessage, workItemID string) (json.Raw
 // except those the brain sets from the work item (FromItem), which a rule
 // may not give; it returns them in canonical form, without those.
 func (a Action) ValidateRuleParams(raw json.RawMessage) (json.RawMessage, error) {
-	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
-		raw = json.RawMessage(`{}`)
+	fromItem := a.fromItem()
+	if len(fromItem) == 0 {
+		return a.ValidateParams(raw)
 	}
-	fields, err := decodeObject(raw)
+	fields, err := a.fields(raw)
 	if err != nil {
-		return nil, &ParamError{Action: a.Name, Problem: err.Error()}
+		return nil, err
 	}
-	for _, p := range a.Params {
-		if _, given := fields[p.Name]; given && p.FromItem {
-			return nil, &ParamError{Action: a.Name, Param: p.Name,
+	for _, name := range fromItem {
+		if _, given := fields[name]; given {
+			return nil, &ParamError{Action: a.Name, Param: name,
 				Problem: "is set by the brain, one for each work item; leave it out of the rule"}
 		}
 	}
@@ -227,19 +220,41 @@ func (a Action) ValidateRuleParams(raw json.RawMessage) (json.RawMessage, error)
 		return nil, err
 	}
 	canon, err := a.ValidateParams(withRef)
-	if err != nil || bytes.Equal(withRef, raw) {
-		return canon, err
+	if err != nil {
+		return nil, err
 	}
 	var out map[string]json.RawMessage
 	if err := json.Unmarshal(canon, &out); err != nil {
 		return nil, err
 	}
-	for _, p := range a.Params {
-		if p.FromItem {
-			delete(out, p.Name)
-		}
+	for _, name := range fromItem {
+		delete(out, name)
 	}
 	return json.Marshal(out)
+}
+
+// fromItem names the action's FromItem parameters.
+func (a Action) fromItem() []string {
+	var names []string
+	for _, p := range a.Params {
+		if p.FromItem {
+			names = append(names, p.Name)
+		}
+	}
+	return names
+}
+
+// fields decodes raw parameters, a JSON object (absent or null: none), into
+// its members, refusing duplicates and trailing data.
+func (a Action) fields(raw json.RawMessage) (map[string]json.RawMessage, error) {
+	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+		raw = json.RawMessage(`{}`)
+	}
+	fields, err := decodeObject(raw)
+	if err != nil {
+		return nil, &ParamError{Action: a.Name, Problem: err.Error()}
+	}
+	return fields, nil
 }
 
 // ParamError says which parameter of which action is wrong.
@@ -264,12 +279,9 @@ var uuidRe = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4
 // declared type, length, format and enum. It returns the parameters in
 // canonical form (keys sorted, no insignificant space).
 func (a Action) ValidateParams(raw json.RawMessage) (json.RawMessage, error) {
-	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
-		raw = json.RawMessage(`{}`)
-	}
-	fields, err := decodeObject(raw)
+	fields, err := a.fields(raw)
 	if err != nil {
-		return nil, &ParamError{Action: a.Name, Problem: err.Error()}
+		return nil, err
 	}
 	out := make(map[string]any, len(fields))
 	for _, p := range a.Params {
