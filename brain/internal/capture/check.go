@@ -194,7 +194,8 @@ func checkParams(raw json.RawMessage, t *registry.Tenant, v catalogue.Version, a
 	if len(ps) > 0 {
 		return nil, ps
 	}
-	// Admitted with a placeholder for them; the stage sets the item's.
+	// Admitted with a placeholder for them; the engine's gate sets the
+	// item's on every proposal that leaves the stage.
 	raw, err := a.WithItemParams(raw, "")
 	if err != nil {
 		return nil, []problem{paramsProblem(a, err)}

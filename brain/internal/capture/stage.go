@@ -113,13 +113,6 @@ func (s *Stage) Triage(ctx context.Context, in *engine.Input, rt engine.Runtime)
 			return engine.Escalate(in, a, reason), nil
 		}
 	}
-	// What the brain sets from the work item (create_job's external_ref):
-	// the model's schema has none of it.
-	if act, ok := catalogue.Lookup(in.Item.CatalogueVersion, c.Action); ok {
-		if withRef, err := act.WithItemParams(params, in.Item.ID); err == nil {
-			params = withRef
-		}
-	}
 	p, err := engine.Admit(in.Tenant, in.Item.CatalogueVersion, c.Action, params)
 	if err != nil {
 		// Validated when the step finished; the tenant's configuration
