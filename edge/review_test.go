@@ -491,7 +491,7 @@ func TestReviewAssets(t *testing.T) {
 	n := startNATS(t, false)
 	e := startEdge(t, n, nil)
 	b := e.browser(t)
-	for name, ctype := range map[string]string{"review.css": "text/css", "review.js": "text/javascript"} {
+	for name, ctype := range map[string]string{"review.css": "text/css", "review.js": "text/javascript", "icon.svg": "image/svg+xml"} {
 		r := b.get(t, assetURL(name))
 		if r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), ctype) || r.header.Get("X-Content-Type-Options") != "nosniff" {
 			t.Errorf("%s: %d %q", name, r.status, r.header.Get("Content-Type"))

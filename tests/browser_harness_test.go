@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
@@ -108,6 +109,7 @@ type tab struct {
 	mu         sync.Mutex
 	dialogs    []string
 	exceptions []string
+	failed     []string // "404 http://…": responses of 400 and above
 }
 
 func (b *browser) tab(name string, width, height int64) *tab {
@@ -130,6 +132,12 @@ func (b *browser) tab(name string, width, height int64) *tab {
 			tb.mu.Lock()
 			tb.exceptions = append(tb.exceptions, e.ExceptionDetails.Text)
 			tb.mu.Unlock()
+		case *network.EventResponseReceived:
+			if e.Response.Status >= 400 {
+				tb.mu.Lock()
+				tb.failed = append(tb.failed, fmt.Sprintf("%d %s", e.Response.Status, e.Response.URL))
+				tb.mu.Unlock()
+			}
 		}
 	})
 	if err != nil {
@@ -238,6 +246,17 @@ func (tb *tab) noScriptRan(t *testing.T) {
 	defer tb.mu.Unlock()
 	if len(tb.dialogs) > 0 || len(tb.exceptions) > 0 {
 		t.Errorf("scripts ran in tab %s: dialogs %q, exceptions %q", tb.name, tb.dialogs, tb.exceptions)
+	}
+}
+
+// noRequestFailed fails if any request of the tab, the browser's own
+// included (its icon), was answered with an error status.
+func (tb *tab) noRequestFailed(t *testing.T) {
+	t.Helper()
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if len(tb.failed) > 0 {
+		t.Errorf("requests of tab %s failed: %q", tb.name, tb.failed)
 	}
 }
 

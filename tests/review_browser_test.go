@@ -327,7 +327,23 @@ func TestReviewPageInBrowser(t *testing.T) {
 				t.Errorf("time %v: want the server's Sydney time as its title and New York time shown", tm)
 			}
 		}
+		// The page names its icon, so the browser does not ask for a
+		// /favicon.ico that is not there (a 404 in every console).
+		ctx, cancel := context.WithTimeout(ny.ctx, 10*time.Second)
+		// (The page's CSP allows images from itself and no fetch: loading it
+		// as an image is what the browser does with it.)
+		icon, err := chromedp.Run(ctx, chromedp.Evaluate[string](`new Promise(done => { const l = document.querySelector('link[rel="icon"]'); `+
+			`if (!l) return done("no icon link"); const i = new Image(); i.onload = () => done("shown"); `+
+			`i.onerror = () => done("not an image: " + l.href); i.src = l.href; })`, chromedp.EvalAwaitPromise))
+		cancel()
+		if err != nil {
+			t.Fatalf("fetch the page's icon: %v", err)
+		}
+		if icon != "shown" {
+			t.Errorf("the page's icon: %s", icon)
+		}
 		ny.noScriptRan(t)
+		ny.noRequestFailed(t)
 	})
 
 	t.Run("SignOut", func(t *testing.T) {
