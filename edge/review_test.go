@@ -477,7 +477,7 @@ func TestReviewOff(t *testing.T) {
 	n := startNATS(t, false)
 	e := startEdge(t, n, nil)
 	b := e.browser(t)
-	for _, path := range []string{"/review", "/review/login", "/review/approvals/" + testUUID(1)} {
+	for _, path := range []string{"/review", "/review/login", "/review/approvals/" + testUUID(1), "/review/x"} {
 		r := b.get(t, path)
 		if r.status != http.StatusNotFound || !strings.Contains(string(r.body), "EDGE_REVIEWERS_FILE") {
 			t.Errorf("GET %s with the review page off: status %d body %s; want 404 saying why", path, r.status, r.body)
@@ -611,6 +611,17 @@ func TestReviewPages(t *testing.T) {
 	t.Run("TrailingSlash", func(t *testing.T) {
 		if r := b.get(t, "/review/"); r.status != http.StatusMovedPermanently || r.header.Get("Location") != "/review" {
 			t.Errorf("/review/: status %d Location %q, want 301 to /review", r.status, r.header.Get("Location"))
+		}
+	})
+
+	t.Run("NoSuchPage", func(t *testing.T) {
+		for _, path := range []string{"/review/approval/" + idNotFound, "/review/approvals", "/review/x/y"} {
+			r := b.get(t, path)
+			if r.status != http.StatusNotFound || !strings.HasPrefix(r.header.Get("Content-Type"), "text/html") ||
+				!strings.Contains(string(r.body), "No such page") || !strings.Contains(string(r.body), `href="/review"`) {
+				t.Errorf("GET %s: status %d Content-Type %q body %s; want the review page's 404", path, r.status, r.header.Get("Content-Type"), r.body)
+			}
+			checkReviewHeaders(t, r)
 		}
 	})
 }

@@ -102,6 +102,9 @@ func routes(mux *http.ServeMux, d deps) {
 	mux.Handle("GET /review/approvals/{id}", logged(d, "GET /review/approvals/{id}", requireReviewer(d, handleReviewApproval(d))))
 	mux.Handle("POST /review/approvals/{id}", logged(d, "POST /review/approvals/{id}", requireReviewer(d, handleReviewDecide(d))))
 	mux.Handle("GET /review/assets/{name}", loggedAt(d, slog.LevelDebug, "GET /review/assets/{name}", handleReviewAsset()))
+	// Any other address under the page is a page of its own saying so, not
+	// the API's JSON 404.
+	mux.Handle("GET /review/", logged(d, "GET /review/", handleReviewNotFound(d)))
 
 	// Probes run every few seconds: their lines are Debug, not Info.
 	mux.Handle("GET /healthz", loggedAt(d, slog.LevelDebug, "GET /healthz", handleHealthz(d)))

@@ -381,6 +381,23 @@ func reviewOff(w http.ResponseWriter, r *http.Request) {
 	writeText(w, http.StatusNotFound, "The review page is off: this edge has no reviewers (EDGE_REVIEWERS_FILE is not set).\n")
 }
 
+// handleReviewNotFound answers an address under the review page that is
+// none of its pages (a mistyped or truncated link) with a page that says
+// so and leads to the approvals. It shows nothing of the tenant's, so it
+// needs no session.
+func handleReviewNotFound(d deps) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reviewHeaders(w.Header())
+		if d.auth == nil {
+			reviewOff(w, r)
+			return
+		}
+		annotate(r.Context(), slog.String("error_code", string(wire.CodeNotFound)))
+		renderMessage(w, r, http.StatusNotFound, page{Title: "No such page"},
+			"There is no page of the approvals at this address: the link may be mistyped or cut short.")
+	})
+}
+
 type loginPage struct {
 	page
 	Next   string
