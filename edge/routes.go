@@ -93,8 +93,8 @@ func routes(mux *http.ServeMux, d deps) {
 	mux.Handle("GET /v1/report", logged(d, "GET /v1/report", requireToken(d, handleReport(d))))
 
 	// The review page, for humans (HTML; a session from the sign-in form).
-	mux.Handle("GET /review/login", logged(d, "GET /review/login", handleLoginForm(d)))
-	mux.Handle("POST /review/login", logged(d, "POST /review/login", handleLogin(d)))
+	mux.Handle("GET /review/login", logged(d, "GET /review/login", reviewPage(d, handleLoginForm(d))))
+	mux.Handle("POST /review/login", logged(d, "POST /review/login", reviewPage(d, handleLogin(d))))
 	mux.Handle("POST /review/logout", logged(d, "POST /review/logout", requireReviewer(d, handleLogout(d))))
 	mux.Handle("GET /review", logged(d, "GET /review", requireReviewer(d, handleReviewList(d))))
 	// Typed with a trailing slash, the address still finds the page.
@@ -104,7 +104,7 @@ func routes(mux *http.ServeMux, d deps) {
 	mux.Handle("GET /review/assets/{name}", loggedAt(d, slog.LevelDebug, "GET /review/assets/{name}", handleReviewAsset()))
 	// Any other address under the page is a page of its own saying so, not
 	// the API's JSON 404.
-	mux.Handle("GET /review/", logged(d, "GET /review/", handleReviewNotFound(d)))
+	mux.Handle("GET /review/", logged(d, "GET /review/", reviewPage(d, handleReviewNotFound())))
 
 	// Probes run every few seconds: their lines are Debug, not Info.
 	mux.Handle("GET /healthz", loggedAt(d, slog.LevelDebug, "GET /healthz", handleHealthz(d)))

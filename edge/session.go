@@ -350,16 +350,24 @@ func reviewHeaders(h http.Header) {
 const reviewCSP = "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; " +
 	"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
-// requireReviewer sets the review page's security headers, answers 404
-// when the review page is off, and sends a request without a live session
-// to the sign-in page (a GET) or refuses it (anything else).
-func requireReviewer(d deps, next http.Handler) http.Handler {
+// reviewPage sets the review page's security headers and answers 404,
+// saying why, when the review page is off; every page of it goes through
+// it (its assets and the trailing-slash redirect need neither).
+func reviewPage(d deps, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reviewHeaders(w.Header())
 		if d.auth == nil {
 			reviewOff(w, r)
 			return
 		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requireReviewer is a reviewPage that sends a request without a live
+// session to the sign-in page (a GET) or refuses it (anything else).
+func requireReviewer(d deps, next http.Handler) http.Handler {
+	return reviewPage(d, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		se, ok := d.auth.current(r)
 		if !ok {
 			annotate(r.Context(), slog.String("error_code", string(wire.CodeUnauthorized)))
@@ -373,7 +381,7 @@ func requireReviewer(d deps, next http.Handler) http.Handler {
 		}
 		annotate(r.Context(), slog.String("reviewer", se.reviewer))
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, se)))
-	})
+	}))
 }
 
 func reviewOff(w http.ResponseWriter, r *http.Request) {
@@ -385,13 +393,8 @@ func reviewOff(w http.ResponseWriter, r *http.Request) {
 // none of its pages (a mistyped or truncated link) with a page that says
 // so and leads to the approvals. It shows nothing of the tenant's, so it
 // needs no session.
-func handleReviewNotFound(d deps) http.Handler {
+func handleReviewNotFound() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reviewHeaders(w.Header())
-		if d.auth == nil {
-			reviewOff(w, r)
-			return
-		}
 		annotate(r.Context(), slog.String("error_code", string(wire.CodeNotFound)))
 		renderMessage(w, r, http.StatusNotFound, page{Title: "No such page"},
 			"There is no page of the approvals at this address: the link may be mistyped or cut short.")
@@ -425,11 +428,6 @@ func localNext(next string) string {
 // handleLoginForm shows the sign-in form.
 func handleLoginForm(d deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reviewHeaders(w.Header())
-		if d.auth == nil {
-			reviewOff(w, r)
-			return
-		}
 		q := r.URL.Query()
 		next := localNext(q.Get("next"))
 		if _, ok := d.auth.current(r); ok {
@@ -448,11 +446,6 @@ func handleLoginForm(d deps) http.Handler {
 // session and back to where they were going.
 func handleLogin(d deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reviewHeaders(w.Header())
-		if d.auth == nil {
-			reviewOff(w, r)
-			return
-		}
 		p := loginPage{page: page{Title: "Sign in"}, Next: "/review"}
 		if why := crossSite(r); why != "" {
 			annotate(r.Context(), slog.String("error_code", string(wire.CodeForbidden)), slog.String("error_reason", why))
