@@ -48,7 +48,7 @@ func BenchmarkNoisyNeighbour(b *testing.B) {
 	spb := spec("noisy-b")
 	spb.Quota = registry.Quota{Turns: int64(noisyQuotaB)}
 	tb := s.tenant(spb)
-	s.startBrain("r1", nil)
+	s.startBrain("r1", benchTenantLimits)
 	ea, eb := s.startEdge(a, nil), s.startEdge(tb, nil)
 	bjs, err := jetstream.New(s.tenantConn(tb))
 	if err != nil {

@@ -102,12 +102,18 @@ func (bs *benchStack) start(b *testing.B) {
 	bs.s.startBrain("bench-1", func(c *brain.Config) {
 		c.RegistryRefresh = 0 // the default (30s), not the harness's 1s
 		c.EventRetryBase, c.EventRetryMax = time.Hour, time.Hour
-		// One tenant's limits, to measure what they cost a single busy
-		// tenant (BENCHMARKS.md); the brain's defaults otherwise.
-		c.TenantWorkers = envInt("BENCH_TENANT_WORKERS", c.TenantWorkers)
-		c.DBConnsPerTenant = int32(envInt("BENCH_DB_CONNS_PER_TENANT", int(c.DBConnsPerTenant)))
+		benchTenantLimits(c)
 	})
 	bs.edge = bs.s.startEdge(bs.tn, nil)
+}
+
+// benchTenantLimits sets a tenant's limits from BENCH_TENANT_WORKERS and
+// BENCH_DB_CONNS_PER_TENANT, to measure what they cost a busy tenant
+// (BENCHMARKS.md); the brain's defaults otherwise. Every one-process
+// benchmark's brain takes them.
+func benchTenantLimits(c *brain.Config) {
+	c.TenantWorkers = envInt("BENCH_TENANT_WORKERS", c.TenantWorkers)
+	c.DBConnsPerTenant = int32(envInt("BENCH_DB_CONNS_PER_TENANT", int(c.DBConnsPerTenant)))
 }
 
 // startWithEvents is start with the edge delivering every event to a
@@ -115,6 +121,7 @@ func (bs *benchStack) start(b *testing.B) {
 func (bs *benchStack) startWithEvents(b *testing.B) {
 	bs.s.startBrain("bench-1", func(c *brain.Config) {
 		c.RegistryRefresh = 0
+		benchTenantLimits(c)
 	})
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
