@@ -126,7 +126,6 @@ func (b *browserSession) get(t *testing.T, path string) response {
 
 var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`)
 
-// csrfOf loads an approval's page and returns its forms' token.
 // withSession is the status of GET /review with only the session a
 // Set-Cookie header gave (redirects not followed): 200 while the server
 // holds it, 303 to the sign-in page once it ended.
@@ -142,6 +141,7 @@ func (e *testEdge) withSession(t *testing.T, setCookie string) int {
 	return res.StatusCode
 }
 
+// csrfOf loads an approval's page and returns its forms' token.
 func (b *browserSession) csrfOf(t *testing.T, id string) string {
 	t.Helper()
 	r := b.get(t, "/review/approvals/"+id)

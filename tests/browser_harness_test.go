@@ -184,12 +184,13 @@ func (tb *tab) do(t *testing.T, steps ...chromedp.Action[chromedp.Void]) {
 	}
 }
 
-// eval evaluates a JavaScript expression in the tab.
-func eval[T any](t *testing.T, tb *tab, expr string) T {
+// eval evaluates a JavaScript expression in the tab (with
+// chromedp.EvalAwaitPromise, the value its promise resolves to).
+func eval[T any](t *testing.T, tb *tab, expr string, opts ...chromedp.EvaluateOption) T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(tb.ctx, 20*time.Second)
 	defer cancel()
-	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr, opts...))
 	if err != nil {
 		t.Fatalf("browser (%s): evaluate %s: %v", tb.name, expr, err)
 	}
@@ -249,8 +250,10 @@ func (tb *tab) noScriptRan(t *testing.T) {
 	}
 }
 
-// noRequestFailed fails if any request of the tab, the browser's own
-// included (its icon), was answered with an error status.
+// noRequestFailed fails if any request the tab's pages made (documents,
+// style sheets, scripts, images) was answered with an error status. The
+// browser's own request for /favicon.ico is not among them: the page's
+// network events do not show it.
 func (tb *tab) noRequestFailed(t *testing.T) {
 	t.Helper()
 	tb.mu.Lock()
